@@ -1,0 +1,157 @@
+//! The command line, exactly as CONTRACT.md names it. Only parsing lives
+//! here; `config` turns it into typed settings.
+
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "outbox-poll",
+    version,
+    about = "Relay one batch of a PostgreSQL transactional outbox to RabbitMQ, then exit.",
+    long_about = "Relay one batch of a PostgreSQL transactional outbox to RabbitMQ, then exit.\n\n\
+        Claims due events with FOR UPDATE SKIP LOCKED, publishes them with publisher \
+        confirms, marks what the broker confirmed and commits. Safe to run concurrently \
+        and from cron. Exit codes: 0 done, 1 some events failed, 2 usage, 69 server \
+        unavailable, 78 configuration or schema problem."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    #[command(flatten)]
+    pub poll: PollArgs,
+
+    /// Print one JSON object on stdout at the end.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// More logging on stderr (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    pub verbose: u8,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create or upgrade the outbox table (idempotent).
+    Migrate,
+}
+
+/// Options every subcommand needs to find the outbox.
+#[derive(Args, Debug)]
+pub struct DatabaseArgs {
+    /// PostgreSQL URL or key=value string; without it, libpq's PG* variables.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Outbox table, optionally schema-qualified.
+    #[arg(long, env = "OUTBOX_TABLE", default_value = "outbox", global = true)]
+    pub table: String,
+
+    /// A row with attempts >= N is dead: never claimed again.
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10, global = true,
+          value_parser = clap::value_parser!(i32).range(1..))]
+    pub max_attempts: i32,
+
+    /// Timeout for connecting to each of PostgreSQL and RabbitMQ.
+    #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", global = true,
+          value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+}
+
+/// Options of the poll run itself.
+#[derive(Args, Debug)]
+pub struct PollArgs {
+    /// RabbitMQ URL.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@localhost:5672/%2f",
+        hide_default_value = true,
+        hide_env_values = true
+    )]
+    pub amqp_url: String,
+
+    /// Exchange to publish to; the routing key is the event type.
+    #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox")]
+    pub exchange: String,
+
+    /// Declare the exchange (durable) of this kind instead of checking that it exists.
+    #[arg(long, env = "OUTBOX_DECLARE_EXCHANGE", value_enum)]
+    pub declare_exchange: Option<ExchangeKind>,
+
+    /// Events claimed per batch (one transaction).
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch_size: u32,
+
+    /// Batch after batch, each its own transaction, until none is claimed.
+    #[arg(long, env = "OUTBOX_DRAIN", action = ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub drain: bool,
+
+    /// With --drain: stop after N batches.
+    #[arg(long, env = "OUTBOX_MAX_BATCHES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_batches: Option<u64>,
+
+    /// With --drain: start no new batch after this long.
+    #[arg(long, env = "OUTBOX_MAX_DURATION", value_parser = parse_duration)]
+    pub max_duration: Option<Duration>,
+
+    /// One publisher per table, strict id order, stop a batch at its first failure.
+    #[arg(long, env = "OUTBOX_ORDERED", action = ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub ordered: bool,
+
+    /// Print the claimed batch as JSON lines, publish nothing, roll back.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Time allowed for the whole batch's publisher confirms.
+    #[arg(long, env = "OUTBOX_CONFIRM_TIMEOUT", default_value = "30s",
+          value_parser = parse_duration)]
+    pub confirm_timeout: Duration,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExchangeKind {
+    Direct,
+    Fanout,
+    Topic,
+    Headers,
+}
+
+/// `500ms`, `30s`, `5m`, `7d`, as humantime reads them; zero is refused,
+/// since a zero timeout or limit can never be what the operator meant.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text)
+        .map_err(|error| format!("{error} (examples: 500ms, 30s, 5m, 7d)"))?;
+    if duration.is_zero() {
+        return Err("must be longer than zero".into());
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_read_as_operators_write_them() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+}

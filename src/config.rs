@@ -1,0 +1,89 @@
+//! Typed settings, built from the parsed command line. Everything that can
+//! be wrong with a value is found here, before any connection is opened, and
+//! reported as a configuration problem (exit 78).
+
+use std::time::Duration;
+
+use anyhow::{Result, anyhow};
+
+use crate::cli::{Cli, DatabaseArgs, PollArgs};
+use crate::exit;
+use crate::publisher::BrokerConfig;
+use crate::table::TableName;
+use crate::urls::{self, Env};
+
+/// AMQP short strings (exchange names among them) hold at most 255 bytes.
+const MAX_EXCHANGE_BYTES: usize = 255;
+/// How long a transaction may idle, beyond the broker's own time limits,
+/// before the server ends it and frees its rows.
+const IDLE_MARGIN: Duration = Duration::from_secs(30);
+
+/// How to reach the outbox.
+#[derive(Debug, Clone)]
+pub struct Database {
+    pub config: postgres::Config,
+    pub table: TableName,
+    pub max_attempts: i32,
+    pub connect_timeout: Duration,
+    /// The server ends a transaction left idle this long (see `db::connect`).
+    pub idle_limit: Duration,
+}
+
+/// What a poll run does.
+#[derive(Debug, Clone)]
+pub struct Poll {
+    pub broker: BrokerConfig,
+    pub batch_size: i64,
+    pub drain: bool,
+    pub max_batches: Option<u64>,
+    pub max_duration: Option<Duration>,
+    pub ordered: bool,
+    pub dry_run: bool,
+}
+
+impl Database {
+    pub fn from_args(args: &DatabaseArgs, env: Env) -> Result<Self> {
+        let config =
+            urls::database_config(args.database_url.as_deref(), env).map_err(exit::config)?;
+        let table = TableName::parse(&args.table)
+            .map_err(|why| exit::config(anyhow!("invalid table name {:?}: {why}", args.table)))?;
+        Ok(Database {
+            config,
+            table,
+            max_attempts: args.max_attempts,
+            connect_timeout: args.connect_timeout,
+            idle_limit: IDLE_MARGIN + args.connect_timeout,
+        })
+    }
+}
+
+impl Poll {
+    pub fn from_cli(cli: &Cli, database: &mut Database) -> Result<Self> {
+        let args: &PollArgs = &cli.poll;
+        let uri = urls::amqp_uri(&args.amqp_url).map_err(exit::config)?;
+        if args.exchange.len() > MAX_EXCHANGE_BYTES {
+            return Err(exit::config(anyhow!(
+                "the exchange name is longer than AMQP's {MAX_EXCHANGE_BYTES} bytes"
+            )));
+        }
+        // While we wait for the broker the transaction is idle; it must
+        // outlive the longest legitimate wait, or the server would end it
+        // between publishing and marking.
+        database.idle_limit = IDLE_MARGIN + database.connect_timeout + args.confirm_timeout;
+        Ok(Poll {
+            broker: BrokerConfig {
+                uri,
+                exchange: args.exchange.clone(),
+                declare_exchange: args.declare_exchange,
+                connect_timeout: database.connect_timeout,
+                confirm_timeout: args.confirm_timeout,
+            },
+            batch_size: i64::from(args.batch_size),
+            drain: args.drain && !args.dry_run,
+            max_batches: args.max_batches,
+            max_duration: args.max_duration,
+            ordered: args.ordered,
+            dry_run: args.dry_run,
+        })
+    }
+}

@@ -1,0 +1,133 @@
+//! The PostgreSQL session: connecting with every phase bounded, and turning
+//! the driver's errors into one readable line of the right kind.
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use anyhow::{Result, anyhow};
+use postgres::error::SqlState;
+use postgres::{Client, NoTls};
+
+use crate::exit;
+use crate::table::TableName;
+use crate::urls::describe_database;
+
+/// How long one statement may run. The claim and the marks touch at most one
+/// batch of rows by primary key, so anything slower is a sick server, and
+/// waiting on it would only hold row locks longer.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long to queue for a lock. The claim never waits (SKIP LOCKED); this
+/// bounds `migrate` and the advisory locks, so a run never sits behind a
+/// long transaction while others queue behind it.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens the session.
+///
+/// The postgres crate's connect_timeout covers only the TCP connect and it
+/// has no query timeouts, so the server bounds the rest for us: a statement
+/// may not run longer than STATEMENT_TIMEOUT and a transaction may not sit
+/// idle (while we wait for the broker) longer than `idle_limit`. Past it the
+/// server ends the session and releases the row locks, so a stuck or
+/// stopped relay never keeps events from the next run. Bounded transactions
+/// also matter to the table itself: an open transaction holds back xmin, and
+/// vacuum cannot reclaim the outbox's dead rows behind it.
+///
+/// The settings travel in the startup packet, costing no round trip.
+pub fn connect(
+    config: &postgres::Config,
+    connect_timeout: Duration,
+    idle_limit: Duration,
+) -> Result<Client> {
+    let mut config = config.clone();
+    let ours = format!(
+        "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+        STATEMENT_TIMEOUT.as_millis(),
+        LOCK_TIMEOUT.as_millis(),
+        idle_limit.as_millis()
+    );
+    let options = match config.get_options() {
+        Some(theirs) => format!("{theirs} {ours}"),
+        None => ours,
+    };
+    config
+        .options(&options)
+        .application_name("outbox-poll")
+        .connect_timeout(connect_timeout);
+    config.connect(NoTls).map_err(|error| {
+        let what = format!(
+            "cannot connect to PostgreSQL at {}",
+            describe_database(&config)
+        );
+        classify(
+            &error,
+            &what,
+            "check that the server is up and DATABASE_URL (or PGHOST etc.) is right",
+        )
+    })
+}
+
+/// Wraps a driver error as an outage or a configuration problem, with
+/// `what` failed and what to do about it.
+pub fn classify(error: &postgres::Error, what: &str, advice: &str) -> anyhow::Error {
+    let message = anyhow!("{what}: {}; {advice}", describe(error));
+    if is_config_problem(error) {
+        exit::config(message)
+    } else {
+        exit::outage(message)
+    }
+}
+
+/// Wraps an error from a statement on the outbox table: a missing table or
+/// column is named, with the command that fixes it.
+pub fn classify_on_table(error: &postgres::Error, what: &str, table: &TableName) -> anyhow::Error {
+    let advice = match error.code() {
+        Some(&SqlState::UNDEFINED_TABLE) | Some(&SqlState::UNDEFINED_COLUMN) => {
+            format!("run `outbox-poll migrate --table {table}` to create or upgrade the table")
+        }
+        Some(&SqlState::INVALID_SCHEMA_NAME) => {
+            "create the schema first (CREATE SCHEMA ...), or name another table".into()
+        }
+        Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            "grant this role the privileges the README's least-privilege section lists".into()
+        }
+        _ if is_config_problem(error) => "check the table's definition against the README".into(),
+        _ => {
+            "the run changed nothing that was not committed; try again once PostgreSQL is reachable"
+                .into()
+        }
+    };
+    classify(error, &format!("{what} on table {table}"), &advice)
+}
+
+/// Errors a rerun cannot fix: SQL the server rejects (class 42: missing
+/// table, column, privilege), a bad login (28), a missing database or
+/// schema. Everything else — I/O, a closed connection, timeouts, a server
+/// shutting down — is an outage.
+fn is_config_problem(error: &postgres::Error) -> bool {
+    let Some(code) = error.code() else {
+        return false;
+    };
+    let class = &code.code()[..2];
+    matches!(class, "42" | "28")
+        || code == &SqlState::INVALID_CATALOG_NAME
+        || code == &SqlState::INVALID_SCHEMA_NAME
+}
+
+/// One line: the server's own message for database errors, else the
+/// driver's text with its causes.
+pub fn describe(error: &postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        return match db.hint() {
+            Some(hint) => format!("{} ({hint})", db.message()),
+            None => db.message().to_string(),
+        };
+    }
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,51 @@
+//! outbox-poll: relay one batch of a PostgreSQL transactional outbox to
+//! RabbitMQ, then exit with a code cron and CI can act on.
+
+mod batch;
+mod cli;
+mod config;
+mod db;
+mod exit;
+mod logging;
+mod migrate;
+mod outbox;
+mod poll;
+mod publisher;
+mod stop;
+mod table;
+mod urls;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+use crate::config::{Database, Poll};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.verbose);
+    match run(&cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(error) => {
+            // One line, `{:#}`: never Debug output, so never a backtrace.
+            eprintln!("outbox-poll: error: {error:#}");
+            ExitCode::from(exit::code_of(&error))
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<u8> {
+    let database = Database::from_args(&cli.database, &urls::process_env);
+    match &cli.command {
+        None => {
+            let settings = database.and_then(|mut database| {
+                let poll = Poll::from_cli(cli, &mut database)?;
+                Ok((database, poll))
+            });
+            poll::run(cli.json, settings)
+        }
+        Some(Command::Migrate) => migrate::run(&database?),
+    }
+}

@@ -1,0 +1,175 @@
+//! The claim and mark queries: the only SQL a poll run sends.
+//!
+//! Statements are prepared once per connection and reused by every batch of
+//! a drain. Preparing them all up front also checks the table's shape
+//! before anything is claimed or published: a missing column must stop the
+//! run at the start, not after the broker has the messages.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use postgres::{Client, Statement, Transaction};
+
+use crate::db::classify_on_table;
+use crate::table::TableName;
+
+/// Backoff after a failed attempt: `BACKOFF_BASE * 2^attempts`, capped at
+/// BACKOFF_CAP, then scaled by a random factor in [0.5, 1) ("equal jitter")
+/// so that events that failed together do not all come back together.
+/// With the default --max-attempts of 10 an event is retried for about half
+/// an hour (2 s, 4 s, ... 17 min) before it is dead.
+pub const BACKOFF_BASE: Duration = Duration::from_secs(2);
+pub const BACKOFF_CAP: Duration = Duration::from_secs(3600);
+
+/// One claimed row.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub id: i64,
+    pub event_id: String,
+    pub event_type: String,
+    /// The jsonb as PostgreSQL prints it: sent as the message body unchanged.
+    pub payload: String,
+    /// Seconds since the epoch, for the AMQP timestamp.
+    pub created_at: i64,
+    pub attempts: i32,
+}
+
+/// The prepared statements for one table on one connection.
+pub struct Outbox {
+    table: TableName,
+    max_attempts: i32,
+    claim: Statement,
+    mark_published: Statement,
+    mark_failed: Statement,
+    try_lock: Statement,
+}
+
+impl Outbox {
+    pub fn prepare(
+        client: &mut Client,
+        table: &TableName,
+        max_attempts: i32,
+        ordered: bool,
+    ) -> Result<Self> {
+        let prepare = |client: &mut Client, sql: &str| {
+            client
+                .prepare(sql)
+                .map_err(|error| classify_on_table(&error, "preparing the queries", table))
+        };
+        let quoted = table.quoted();
+        let claim_sql = if ordered {
+            ordered_claim_sql(&quoted)
+        } else {
+            claim_sql(&quoted)
+        };
+        Ok(Outbox {
+            claim: prepare(client, &claim_sql)?,
+            mark_published: prepare(client, &mark_published_sql(&quoted))?,
+            mark_failed: prepare(client, &mark_failed_sql(&quoted))?,
+            try_lock: prepare(client, TRY_LOCK_SQL)?,
+            table: table.clone(),
+            max_attempts,
+        })
+    }
+
+    /// Claims up to `limit` due events, locked until the transaction ends.
+    pub fn claim(&self, tx: &mut Transaction, limit: i64) -> Result<Vec<Event>> {
+        let rows = tx
+            .query(&self.claim, &[&self.max_attempts, &limit])
+            .map_err(|error| classify_on_table(&error, "claiming a batch", &self.table))?;
+        Ok(rows
+            .iter()
+            .map(|row| Event {
+                id: row.get(0),
+                event_id: row.get(1),
+                event_type: row.get(2),
+                payload: row.get(3),
+                created_at: row.get(4),
+                attempts: row.get(5),
+            })
+            .collect())
+    }
+
+    /// Takes the table's ordered-mode lock for this transaction, if free.
+    ///
+    /// A transaction-level advisory lock rather than a session one: it is
+    /// released by the same COMMIT or ROLLBACK that releases the row locks,
+    /// and by the server if the connection dies, so it can never leak.
+    pub fn try_lock(&self, tx: &mut Transaction) -> Result<bool> {
+        let row = tx
+            .query_one(&self.try_lock, &[&self.table.quoted()])
+            .map_err(|error| {
+                classify_on_table(&error, "taking the ordered-mode lock", &self.table)
+            })?;
+        Ok(row.get(0))
+    }
+
+    /// Marks the broker-confirmed events published, in one statement.
+    pub fn mark_published(&self, tx: &mut Transaction, ids: &[i64]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        tx.execute(&self.mark_published, &[&ids])
+            .map_err(|error| classify_on_table(&error, "marking events published", &self.table))?;
+        Ok(())
+    }
+
+    /// Counts a failed attempt against each event, in one statement.
+    pub fn mark_failed(&self, tx: &mut Transaction, failures: &[(i64, String)]) -> Result<()> {
+        if failures.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<i64> = failures.iter().map(|(id, _)| *id).collect();
+        let errors: Vec<&str> = failures.iter().map(|(_, error)| error.as_str()).collect();
+        let (base, cap) = (BACKOFF_BASE.as_secs_f64(), BACKOFF_CAP.as_secs_f64());
+        tx.execute(&self.mark_failed, &[&ids, &errors, &base, &cap])
+            .map_err(|error| classify_on_table(&error, "recording failed attempts", &self.table))?;
+        Ok(())
+    }
+}
+
+const SELECTED: &str = "id, event_id, event_type, payload::text, \
+     extract(epoch FROM created_at)::bigint, attempts";
+
+fn claim_sql(table: &str) -> String {
+    format!(
+        "SELECT {SELECTED} FROM {table} \
+         WHERE published_at IS NULL AND attempts < $1 AND available_at <= now() \
+         ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
+    )
+}
+
+/// Ordered mode may not skip past an event: it stops before the first
+/// pending event that is still backing off, and it waits for (rather than
+/// skips) a row another transaction holds. Dead events no longer count as
+/// pending, which is how a poison event stops blocking the table.
+fn ordered_claim_sql(table: &str) -> String {
+    format!(
+        "SELECT {SELECTED} FROM {table} \
+         WHERE published_at IS NULL AND attempts < $1 AND available_at <= now() \
+           AND id < coalesce((SELECT min(id) FROM {table} \
+                              WHERE published_at IS NULL AND attempts < $1 \
+                                AND available_at > now()), 9223372036854775807) \
+         ORDER BY id LIMIT $2 FOR UPDATE"
+    )
+}
+
+fn mark_published_sql(table: &str) -> String {
+    format!("UPDATE {table} SET published_at = now() WHERE id = ANY($1)")
+}
+
+fn mark_failed_sql(table: &str) -> String {
+    format!(
+        "UPDATE {table} AS o SET attempts = o.attempts + 1, last_error = f.error, \
+           available_at = now() + make_interval(secs => \
+             least($4::float8, $3::float8 * power(2, least(o.attempts, 30))) \
+             * (0.5 + random() / 2)) \
+         FROM unnest($1::bigint[], $2::text[]) AS f(id, error) \
+         WHERE o.id = f.id"
+    )
+}
+
+/// Keyed by the table's oid, so two tables never share a lock and two
+/// spellings of one table always do.
+const TRY_LOCK_SQL: &str =
+    "SELECT pg_try_advisory_xact_lock(2052318419, $1::text::regclass::oid::int)";

@@ -1,0 +1,483 @@
+//! The shared harness: each test gets its own schema (holding its outbox
+//! table), its own exchange and queue, so tests run in parallel against the
+//! real PostgreSQL and RabbitMQ and never see each other's data.
+//!
+//! TEST_DATABASE_URL and TEST_AMQP_URL point elsewhere than the defaults,
+//! which are the local servers tests/run.sh starts.
+
+#![allow(dead_code)] // each test binary uses a different part of this
+
+pub mod proxy;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use postgres::{Client, NoTls};
+use tokio::runtime::Runtime;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_outbox-poll");
+
+pub fn database_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgresql://postgres@127.0.0.1:5432/test".into())
+}
+
+pub fn amqp_url() -> String {
+    std::env::var("TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// The address of the AMQP server, for a proxy in front of it.
+pub fn amqp_addr() -> SocketAddr {
+    let uri: lapin::uri::AMQPUri = amqp_url().parse().unwrap();
+    (uri.authority.host.as_str(), uri.authority.port)
+        .to_socket_addrs()
+        .unwrap()
+        .next()
+        .unwrap()
+}
+
+/// The address of the PostgreSQL server, for a proxy in front of it.
+pub fn database_addr() -> SocketAddr {
+    let config: postgres::Config = database_url().parse().unwrap();
+    let host = match &config.get_hosts()[0] {
+        postgres::config::Host::Tcp(host) => host.clone(),
+        other => panic!("tests need a TCP database host, not {other:?}"),
+    };
+    (host.as_str(), config.get_ports()[0])
+        .to_socket_addrs()
+        .unwrap()
+        .next()
+        .unwrap()
+}
+
+/// The database URL with its host and port replaced (to go through a proxy).
+pub fn database_url_via(port: u16) -> String {
+    let config: postgres::Config = database_url().parse().unwrap();
+    let user = config.get_user().unwrap_or("postgres");
+    let dbname = config.get_dbname().unwrap_or(user);
+    format!("postgresql://{user}@127.0.0.1:{port}/{dbname}")
+}
+
+pub fn amqp_url_via(port: u16) -> String {
+    let uri: lapin::uri::AMQPUri = amqp_url().parse().unwrap();
+    let user = &uri.authority.userinfo;
+    format!(
+        "amqp://{}:{}@127.0.0.1:{port}/%2f",
+        user.username, user.password
+    )
+}
+
+pub fn connect_db() -> Client {
+    Client::connect(&database_url(), NoTls).expect("connecting to the test database")
+}
+
+/// A message as a consumer sees it.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub message_id: String,
+    pub kind: Option<String>,
+    pub content_type: Option<String>,
+    pub delivery_mode: Option<u8>,
+    pub timestamp: Option<u64>,
+    pub app_id: Option<String>,
+    pub routing_key: String,
+    pub exchange: String,
+    pub body: Vec<u8>,
+}
+
+/// One outbox row, as the tests check it.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub id: i64,
+    pub event_id: String,
+    pub published: bool,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    /// Seconds from now until the row is due again (negative: due).
+    pub due_in_s: f64,
+}
+
+/// The result of one run of the binary.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    fn from(output: Output) -> Run {
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// The --json summary's fields.
+    pub fn summary(&self) -> serde_json::Value {
+        let line = self
+            .stdout
+            .lines()
+            .last()
+            .unwrap_or_else(|| panic!("no stdout; stderr: {}", self.stderr));
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    }
+
+    pub fn field(&self, name: &str) -> i64 {
+        self.summary()[name]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no {name} in {}", self.stdout))
+    }
+}
+
+/// A test's own outbox table, exchange and queue.
+pub struct Fixture {
+    pub schema: String,
+    pub table: String,
+    pub exchange: String,
+    pub queue: String,
+    pub db: Client,
+    pub amqp: Amqp,
+}
+
+impl Fixture {
+    /// A migrated table `<schema>.outbox`, and a topic exchange whose queue
+    /// is bound to every routing key.
+    pub fn new(test: &str) -> Fixture {
+        let fixture = Fixture::bare(test);
+        let run = fixture.run(&["migrate"]);
+        assert_eq!(run.code, 0, "migrate failed: {}", run.stderr);
+        fixture
+    }
+
+    /// The schema, exchange and queue, but no table.
+    pub fn bare(test: &str) -> Fixture {
+        let mut name: String = format!("t{}_{test}", std::process::id());
+        name.truncate(60);
+        let mut db = connect_db();
+        db.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS \"{name}\" CASCADE; CREATE SCHEMA \"{name}\";"
+        ))
+        .unwrap();
+        let amqp = Amqp::connect();
+        amqp.declare(&name, &name, "#");
+        Fixture {
+            table: format!("{name}.outbox"),
+            exchange: name.clone(),
+            queue: name.clone(),
+            schema: name,
+            db,
+            amqp,
+        }
+    }
+
+    /// The binary, pointed at this fixture's table, exchange and servers,
+    /// with nothing inherited from the environment that could change it.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(BIN);
+        for (name, _) in std::env::vars() {
+            if name.starts_with("PG")
+                || name.starts_with("OUTBOX_")
+                || ["DATABASE_URL", "AMQP_URL", "RUST_LOG"].contains(&name.as_str())
+            {
+                command.env_remove(name);
+            }
+        }
+        command
+            .env("RUST_BACKTRACE", "1")
+            .env("DATABASE_URL", database_url())
+            .env("AMQP_URL", amqp_url())
+            .env("OUTBOX_TABLE", &self.table)
+            .env("OUTBOX_EXCHANGE", &self.exchange)
+            .stdin(Stdio::null());
+        command
+    }
+
+    pub fn run(&self, args: &[&str]) -> Run {
+        Run::from(
+            self.command()
+                .args(args)
+                .output()
+                .expect("running outbox-poll"),
+        )
+    }
+
+    pub fn run_with(&self, env: &[(&str, &str)], args: &[&str]) -> Run {
+        let mut command = self.command();
+        command.envs(env.iter().copied());
+        Run::from(command.args(args).output().expect("running outbox-poll"))
+    }
+
+    /// Inserts `count` events named `<prefix>-<n>` of type `order.created`.
+    pub fn insert(&mut self, prefix: &str, count: i64) {
+        self.db
+            .execute(
+                &format!(
+                    "INSERT INTO {} (event_id, event_type, payload) \
+                     SELECT $1 || '-' || g, 'order.created', jsonb_build_object('n', g, 'note', repeat('x', 150)) \
+                     FROM generate_series(1, $2::bigint) g",
+                    self.quoted_table()
+                ),
+                &[&prefix, &count],
+            )
+            .unwrap();
+    }
+
+    pub fn insert_event(&mut self, event_id: &str, event_type: &str, payload: &str) {
+        self.db
+            .execute(
+                &format!(
+                    "INSERT INTO {} (event_id, event_type, payload) VALUES ($1, $2, $3::text::jsonb)",
+                    self.quoted_table()
+                ),
+                &[&event_id, &event_type, &payload],
+            )
+            .unwrap();
+    }
+
+    pub fn quoted_table(&self) -> String {
+        format!("\"{}\".outbox", self.schema)
+    }
+
+    pub fn execute(&mut self, sql: &str) {
+        self.db
+            .batch_execute(&sql.replace("{table}", &self.quoted_table()))
+            .unwrap();
+    }
+
+    pub fn rows(&mut self) -> Vec<Row> {
+        self.db
+            .query(
+                &format!(
+                    "SELECT id, event_id, published_at IS NOT NULL, attempts, last_error, \
+                     extract(epoch FROM available_at - now())::float8 FROM {} ORDER BY id",
+                    self.quoted_table()
+                ),
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| Row {
+                id: row.get(0),
+                event_id: row.get(1),
+                published: row.get(2),
+                attempts: row.get(3),
+                last_error: row.get(4),
+                due_in_s: row.get(5),
+            })
+            .collect()
+    }
+
+    pub fn published_count(&mut self) -> usize {
+        self.rows().iter().filter(|row| row.published).count()
+    }
+
+    /// Every message now in the fixture's queue, taken off it.
+    pub fn messages(&self) -> Vec<Message> {
+        self.amqp.take_all(&self.queue)
+    }
+
+    /// How often each event id arrived.
+    pub fn arrivals(&self) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for message in self.messages() {
+            *counts.entry(message.message_id).or_insert(0) += 1;
+        }
+        counts
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.db.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+            self.schema
+        ));
+        self.amqp.delete(&self.exchange, &self.queue);
+    }
+}
+
+/// The tests' own AMQP client.
+pub struct Amqp {
+    runtime: Runtime,
+    connection: Connection,
+    channel: Channel,
+}
+
+impl Amqp {
+    pub fn connect() -> Amqp {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (connection, channel) = runtime.block_on(async {
+            let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+                .await
+                .expect("connecting to RabbitMQ");
+            let channel = connection.create_channel().await.unwrap();
+            (connection, channel)
+        });
+        Amqp {
+            runtime,
+            connection,
+            channel,
+        }
+    }
+
+    /// A topic exchange and a durable queue bound to it with `binding`.
+    pub fn declare(&self, exchange: &str, queue: &str, binding: &str) {
+        self.runtime.block_on(async {
+            self.channel
+                .exchange_declare(
+                    exchange.into(),
+                    ExchangeKind::Topic,
+                    ExchangeDeclareOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            self.channel
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            self.channel
+                .queue_bind(
+                    queue.into(),
+                    exchange.into(),
+                    binding.into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        });
+    }
+
+    pub fn delete(&self, exchange: &str, queue: &str) {
+        self.runtime.block_on(async {
+            let _ = self
+                .channel
+                .queue_delete(queue.into(), QueueDeleteOptions::default())
+                .await;
+            let _ = self
+                .channel
+                .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+                .await;
+        });
+    }
+
+    pub fn delete_exchange(&self, exchange: &str) {
+        self.runtime.block_on(async {
+            self.channel
+                .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+                .await
+                .unwrap();
+        });
+    }
+
+    /// Checks with a passive declare, on a channel of its own: a missing
+    /// exchange makes the broker close the channel it was asked on.
+    pub fn exchange_exists(&self, exchange: &str) -> bool {
+        self.runtime.block_on(async {
+            let channel = self.connection.create_channel().await.unwrap();
+            let options = ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            channel
+                .exchange_declare(
+                    exchange.into(),
+                    ExchangeKind::Topic,
+                    options,
+                    FieldTable::default(),
+                )
+                .await
+                .is_ok()
+        })
+    }
+
+    /// Takes every message off `queue` (acknowledging it).
+    pub fn take_all(&self, queue: &str) -> Vec<Message> {
+        self.runtime.block_on(async {
+            let mut messages = Vec::new();
+            while let Some(message) = self
+                .channel
+                .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+                .await
+                .expect("basic.get")
+            {
+                let delivery = message.delivery;
+                let properties = &delivery.properties;
+                let text = |value: &Option<lapin::types::ShortString>| {
+                    value.as_ref().map(|v| v.to_string())
+                };
+                messages.push(Message {
+                    message_id: text(properties.message_id()).unwrap_or_default(),
+                    kind: text(properties.kind()),
+                    content_type: text(properties.content_type()),
+                    delivery_mode: *properties.delivery_mode(),
+                    timestamp: *properties.timestamp(),
+                    app_id: text(properties.app_id()),
+                    routing_key: delivery.routing_key.to_string(),
+                    exchange: delivery.exchange.to_string(),
+                    body: delivery.data,
+                });
+            }
+            messages
+        })
+    }
+
+    pub fn queue_length(&self, queue: &str) -> u32 {
+        self.runtime.block_on(async {
+            self.channel
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap()
+                .message_count()
+        })
+    }
+}
+
+impl Drop for Amqp {
+    fn drop(&mut self) {
+        let _ = self
+            .runtime
+            .block_on(self.connection.close(200, "bye".into()));
+    }
+}
+
+/// Waits until `condition` holds, checking every 20 ms, for at most `limit`.
+pub fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if condition() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    condition()
+}

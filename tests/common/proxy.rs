@@ -1,0 +1,145 @@
+//! A TCP proxy the tests own, placed between outbox-poll and a server to
+//! inject faults without touching the shared servers: count connections,
+//! cut every connection now, stall (sockets stay open, nothing moves), or
+//! let through only the first N bytes the client sends.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+#[derive(Default)]
+struct State {
+    connections: AtomicUsize,
+    stalled: AtomicBool,
+    /// Bytes of each connection's client-to-server stream let through
+    /// before that direction stalls; u64::MAX means no limit.
+    upstream_limit: AtomicU64,
+    /// Bytes the client sent that reached the server, all connections.
+    upstream_bytes: AtomicU64,
+    sockets: Mutex<Vec<TcpStream>>,
+}
+
+pub struct Proxy {
+    addr: SocketAddr,
+    state: Arc<State>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards to `target`.
+    pub fn start(target: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("binding the proxy");
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(State {
+            upstream_limit: AtomicU64::new(u64::MAX),
+            ..State::default()
+        });
+        let shared = Arc::clone(&state);
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                shared.connections.fetch_add(1, Ordering::SeqCst);
+                let Ok(server) = TcpStream::connect(target) else {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                };
+                connect_pumps(client, server, &shared);
+            }
+        });
+        Proxy { addr, state }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// Client bytes that reached the server so far.
+    pub fn upstream_bytes(&self) -> u64 {
+        self.state.upstream_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Closes every open connection at once, like a broker or network dying.
+    pub fn cut(&self) {
+        for socket in self.state.sockets.lock().unwrap().drain(..) {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Stops moving bytes either way while keeping every socket open.
+    pub fn stall(&self) {
+        self.state.stalled.store(true, Ordering::SeqCst);
+    }
+
+    pub fn resume(&self) {
+        self.state.stalled.store(false, Ordering::SeqCst);
+    }
+
+    /// Each connection passes only its first `bytes` client bytes on, then
+    /// holds the rest; the server's replies keep flowing.
+    pub fn stall_upstream_after(&self, bytes: u64) {
+        self.state.upstream_limit.store(bytes, Ordering::SeqCst);
+    }
+}
+
+fn connect_pumps(client: TcpStream, server: TcpStream, state: &Arc<State>) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    {
+        let mut sockets = state.sockets.lock().unwrap();
+        sockets.push(client.try_clone().unwrap());
+        sockets.push(server.try_clone().unwrap());
+    }
+    let (client2, server2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    let up = Arc::clone(state);
+    thread::spawn(move || pump(client, server, &up, true));
+    let down = Arc::clone(state);
+    thread::spawn(move || pump(server2, client2, &down, false));
+}
+
+/// Copies one direction until either side closes, honouring the faults.
+fn pump(mut from: TcpStream, mut to: TcpStream, state: &State, upstream: bool) {
+    let mut buffer = [0u8; 16 * 1024];
+    let mut sent: u64 = 0;
+    loop {
+        let allowed = if upstream {
+            state
+                .upstream_limit
+                .load(Ordering::SeqCst)
+                .saturating_sub(sent)
+        } else {
+            u64::MAX
+        };
+        if state.stalled.load(Ordering::SeqCst) || allowed == 0 {
+            thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        let want = buffer
+            .len()
+            .min(usize::try_from(allowed).unwrap_or(usize::MAX));
+        let read = match from.read(&mut buffer[..want]) {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        while state.stalled.load(Ordering::SeqCst) {
+            thread::sleep(Duration::from_millis(5));
+        }
+        if to.write_all(&buffer[..read]).is_err() {
+            break;
+        }
+        sent += read as u64;
+        if upstream {
+            state
+                .upstream_bytes
+                .fetch_add(read as u64, Ordering::SeqCst);
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+    let _ = from.shutdown(Shutdown::Read);
+}

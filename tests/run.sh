@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test suite, from a fresh Debian/Ubuntu machine: the servers the tests
+# talk to (started, or installed, as needed), then every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tests/services.sh
+cargo test "$@"
