@@ -336,6 +336,11 @@ impl Amqp {
 
     /// A topic exchange and a durable queue bound to it with `binding`.
     pub fn declare(&self, exchange: &str, queue: &str, binding: &str) {
+        self.declare_with(exchange, queue, binding, FieldTable::default());
+    }
+
+    /// Like `declare`, with queue arguments (x-max-length and the like).
+    pub fn declare_with(&self, exchange: &str, queue: &str, binding: &str, arguments: FieldTable) {
         self.runtime.block_on(async {
             self.channel
                 .exchange_declare(
@@ -353,7 +358,7 @@ impl Amqp {
                         durable: true,
                         ..Default::default()
                     },
-                    FieldTable::default(),
+                    arguments,
                 )
                 .await
                 .unwrap();
@@ -363,6 +368,22 @@ impl Amqp {
                     exchange.into(),
                     binding.into(),
                     QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        });
+    }
+
+    /// Replaces the fixture's catch-all binding with `binding` alone.
+    pub fn bind_only(&self, exchange: &str, queue: &str, binding: &str) {
+        self.declare(exchange, queue, binding);
+        self.runtime.block_on(async {
+            self.channel
+                .queue_unbind(
+                    queue.into(),
+                    exchange.into(),
+                    "#".into(),
                     FieldTable::default(),
                 )
                 .await

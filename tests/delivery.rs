@@ -1,0 +1,174 @@
+//! What the broker says about each event decides what happens to its row:
+//! confirmed events are marked, nacked and returned ones count an attempt
+//! and back off, dead ones are never claimed, concurrent runs never share.
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::Stdio;
+
+use common::Fixture;
+use lapin::types::{AMQPValue, FieldTable};
+
+#[test]
+fn six_concurrent_drains_deliver_each_of_20000_events_exactly_once() {
+    let mut fx = Fixture::new("six_drains");
+    fx.insert("e", 20_000);
+    let children: Vec<_> = (0..6)
+        .map(|_| {
+            let mut command = fx.command();
+            command
+                .args(["--drain", "--batch-size", "200", "--json"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            command.spawn().unwrap()
+        })
+        .collect();
+    let mut published_by_runs = 0;
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        published_by_runs += summary["published"].as_i64().unwrap();
+    }
+    assert_eq!(
+        published_by_runs, 20_000,
+        "the runs' summaries add up to the table"
+    );
+    assert_eq!(fx.published_count(), 20_000);
+    let arrivals = fx.arrivals();
+    assert_eq!(arrivals.len(), 20_000, "every event arrived");
+    let duplicates: Vec<_> = arrivals.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        duplicates.is_empty(),
+        "SKIP LOCKED keeps runs apart, yet these arrived twice: {duplicates:?}"
+    );
+}
+
+#[test]
+fn unroutable_events_count_an_attempt_and_are_not_retried_before_their_backoff() {
+    let mut fx = Fixture::new("unroutable");
+    fx.amqp.bind_only(&fx.exchange, &fx.queue, "order.#"); // only order.* has a queue
+    fx.insert_event("routable-1", "order.created", "{}");
+    fx.insert_event("lost-1", "nobody.listens", "{}");
+    fx.insert_event("routable-2", "order.paid", "{}");
+
+    let run = fx.run(&["--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("failed")), (2, 1));
+
+    let rows = fx.rows();
+    let lost = rows.iter().find(|row| row.event_id == "lost-1").unwrap();
+    assert!(!lost.published);
+    assert_eq!(lost.attempts, 1);
+    assert!(
+        lost.last_error.as_deref().unwrap().contains("NO_ROUTE"),
+        "{:?}",
+        lost.last_error
+    );
+    assert!(lost.due_in_s > 0.0, "pushed into the future");
+    assert!(
+        rows.iter()
+            .filter(|row| row.event_id.starts_with("routable"))
+            .all(|row| row.published && row.attempts == 0)
+    );
+    let ids: Vec<String> = fx.messages().into_iter().map(|m| m.message_id).collect();
+    assert_eq!(
+        ids,
+        ["routable-1", "routable-2"],
+        "returns are matched by message_id, not position"
+    );
+
+    let again = fx.run(&["--json"]);
+    assert_eq!(
+        (again.code, again.field("claimed")),
+        (0, 0),
+        "backing off: not claimed again yet"
+    );
+}
+
+#[test]
+fn nacked_events_count_an_attempt_and_the_rest_are_marked() {
+    let mut fx = Fixture::new("nacked");
+    // A queue that holds two messages and makes the broker nack the rest.
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-max-length".into(), AMQPValue::LongInt(2));
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    let full = format!("{}_full", fx.queue);
+    fx.amqp.declare_with(&full, &full, "#", arguments);
+    fx.insert("e", 5);
+
+    let run = fx.run(&["--exchange", &full, "--json"]);
+    fx.amqp.delete(&full, &full);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("failed")), (2, 3));
+    let rows = fx.rows();
+    let states: Vec<(bool, i32)> = rows
+        .iter()
+        .map(|row| (row.published, row.attempts))
+        .collect();
+    assert_eq!(
+        states,
+        [(true, 0), (true, 0), (false, 1), (false, 1), (false, 1)]
+    );
+    assert!(rows[2..].iter().all(
+        |row| row.last_error.as_deref() == Some("nacked by the broker") && row.due_in_s > 0.0
+    ));
+}
+
+#[test]
+fn backoff_grows_with_attempts_and_is_capped() {
+    let mut fx = Fixture::new("backoff");
+    fx.amqp.bind_only(&fx.exchange, &fx.queue, "none");
+    fx.insert("e", 3);
+    fx.execute("UPDATE {table} SET attempts = CASE id WHEN 1 THEN 0 WHEN 2 THEN 5 ELSE 30 END");
+    let run = fx.run(&["--max-attempts", "100"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let delays: HashMap<i64, f64> = fx.rows().iter().map(|row| (row.id, row.due_in_s)).collect();
+    // base 2 s * 2^attempts, times a jitter factor in [0.5, 1), capped at 1 h.
+    assert!((1.0..2.0).contains(&delays[&1]), "{delays:?}");
+    assert!((32.0..64.0).contains(&delays[&2]), "{delays:?}");
+    assert!((1800.0..3600.0).contains(&delays[&3]), "{delays:?}");
+}
+
+#[test]
+fn dead_rows_are_never_claimed() {
+    let mut fx = Fixture::new("dead_rows");
+    fx.insert("e", 3);
+    fx.execute("UPDATE {table} SET attempts = 10 WHERE id = 2");
+    let run = fx.run(&["--json"]);
+    assert_eq!((run.code, run.field("claimed")), (0, 2), "{}", run.stderr);
+    let rows = fx.rows();
+    assert!(
+        !rows[1].published && rows[1].attempts == 10,
+        "the dead row is left alone"
+    );
+
+    // The limit is --max-attempts: raised, the row is alive again.
+    let run = fx.run(&["--max-attempts", "11", "--json"]);
+    assert_eq!((run.code, run.field("claimed")), (0, 1), "{}", run.stderr);
+}
+
+#[test]
+fn rows_not_yet_available_are_not_claimed() {
+    let mut fx = Fixture::new("not_yet");
+    fx.insert("e", 2);
+    fx.execute("UPDATE {table} SET available_at = now() + interval '1 hour' WHERE id = 1");
+    let run = fx.run(&["--json"]);
+    assert_eq!((run.code, run.field("claimed")), (0, 1), "{}", run.stderr);
+    assert!(!fx.rows()[0].published);
+}
+
+#[test]
+fn published_rows_are_never_claimed_again() {
+    let mut fx = Fixture::new("no_resend");
+    fx.insert("e", 5);
+    assert_eq!(fx.run(&[]).code, 0);
+    let run = fx.run(&["--json"]);
+    assert_eq!((run.code, run.field("claimed")), (0, 0));
+    assert_eq!(fx.messages().len(), 5);
+}

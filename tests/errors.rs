@@ -1,0 +1,212 @@
+//! Bad input and missing pieces: one clear line on stderr, the documented
+//! exit code, no panic or backtrace, never a password, nothing marked.
+
+mod common;
+
+use std::net::TcpListener;
+
+use common::{Fixture, Run};
+
+/// The shape every error must have: one line, no panic, no backtrace.
+fn assert_one_clear_line(run: &Run) {
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one line on stderr, got: {}",
+        run.stderr
+    );
+    assert!(
+        lines[0].starts_with("outbox-poll: error: "),
+        "{}",
+        run.stderr
+    );
+    for bad in [
+        "panicked",
+        "backtrace",
+        "RUST_BACKTRACE",
+        "Error {",
+        "Some(",
+    ] {
+        assert!(!run.stderr.contains(bad), "{bad:?} in: {}", run.stderr);
+    }
+}
+
+/// A loopback port nobody listens on.
+fn closed_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn broker_down_exits_69_and_leaves_the_events_untouched() {
+    let mut fx = Fixture::new("broker_down");
+    fx.insert("e", 3);
+    let url = format!("amqp://guest:s3cr3t@127.0.0.1:{}/%2f", closed_port());
+    let run = fx.run(&["--amqp-url", &url]);
+    assert_eq!(run.code, 69, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(run.stderr.contains("RabbitMQ"), "{}", run.stderr);
+    assert!(
+        !run.stderr.contains("s3cr3t"),
+        "password leaked: {}",
+        run.stderr
+    );
+    assert!(
+        fx.rows()
+            .iter()
+            .all(|row| !row.published && row.attempts == 0),
+        "an outage counts no attempt"
+    );
+}
+
+#[test]
+fn database_down_exits_69() {
+    let fx = Fixture::new("db_down");
+    let url = format!(
+        "postgresql://postgres:s3cr3t@127.0.0.1:{}/test",
+        closed_port()
+    );
+    let run = fx.run(&["--database-url", &url]);
+    assert_eq!(run.code, 69, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(run.stderr.contains("PostgreSQL"), "{}", run.stderr);
+    assert!(
+        !run.stderr.contains("s3cr3t"),
+        "password leaked: {}",
+        run.stderr
+    );
+}
+
+#[test]
+fn missing_table_exits_78_naming_it_and_migrate() {
+    let fx = Fixture::bare("missing_table");
+    let run = fx.run(&[]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(run.stderr.contains(&fx.table), "{}", run.stderr);
+    assert!(run.stderr.contains("outbox-poll migrate"), "{}", run.stderr);
+}
+
+#[test]
+fn missing_column_exits_78_naming_it_before_anything_is_published() {
+    let mut fx = Fixture::new("missing_column");
+    fx.insert("e", 2);
+    fx.execute("ALTER TABLE {table} DROP COLUMN last_error");
+    let run = fx.run(&[]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(run.stderr.contains("last_error"), "{}", run.stderr);
+    assert!(run.stderr.contains("outbox-poll migrate"), "{}", run.stderr);
+    assert!(
+        fx.messages().is_empty(),
+        "nothing may be published for a table we cannot mark"
+    );
+}
+
+#[test]
+fn missing_exchange_exits_78_and_marks_nothing() {
+    let mut fx = Fixture::new("missing_exchange");
+    fx.insert("e", 2);
+    let run = fx.run(&["--exchange", "no-such-exchange-anywhere"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(
+        run.stderr.contains("no-such-exchange-anywhere"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("--declare-exchange"), "{}", run.stderr);
+    assert!(
+        fx.rows()
+            .iter()
+            .all(|row| !row.published && row.attempts == 0)
+    );
+}
+
+#[test]
+fn bad_table_name_exits_78_without_touching_the_database() {
+    let fx = Fixture::new("bad_table");
+    let run = fx.run(&["--table", "outbox; DROP TABLE users"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(run.stderr.contains("invalid table name"), "{}", run.stderr);
+}
+
+#[test]
+fn database_url_that_does_not_parse_exits_78_without_its_password() {
+    let fx = Fixture::new("bad_db_url");
+    let run = fx.run(&["--database-url", "postgresql://u:s3cr3t@host:notaport/db"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(
+        !run.stderr.contains("s3cr3t"),
+        "password leaked: {}",
+        run.stderr
+    );
+}
+
+#[test]
+fn amqp_url_that_does_not_parse_exits_78_without_its_password() {
+    let fx = Fixture::new("bad_amqp_url");
+    let run = fx.run(&["--amqp-url", "amqp://u:s3cr3t@[::1"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(
+        !run.stderr.contains("s3cr3t"),
+        "password leaked: {}",
+        run.stderr
+    );
+}
+
+#[test]
+fn wrong_broker_password_exits_78() {
+    let mut fx = Fixture::new("bad_broker_login");
+    fx.insert("e", 1);
+    let port = common::amqp_addr().port();
+    let run = fx.run(&[
+        "--amqp-url",
+        &format!("amqp://guest:wrong-s3cr3t@127.0.0.1:{port}/%2f"),
+    ]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(
+        !run.stderr.contains("wrong-s3cr3t"),
+        "password leaked: {}",
+        run.stderr
+    );
+    assert!(
+        fx.rows()
+            .iter()
+            .all(|row| !row.published && row.attempts == 0)
+    );
+}
+
+#[test]
+fn bad_command_line_exits_2() {
+    let fx = Fixture::new("usage");
+    for args in [
+        &["--batch-size", "0"][..],
+        &["--batch-size", "10001"],
+        &["--no-such-flag"],
+        &["--confirm-timeout", "soon"],
+    ] {
+        let run = fx.run(args);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    }
+}
+
+#[test]
+fn json_summary_is_printed_on_failure_too() {
+    let mut fx = Fixture::new("json_on_error");
+    fx.insert("e", 1);
+    let run = fx.run(&["--exchange", "no-such-exchange-anywhere", "--json"]);
+    assert_eq!(run.code, 78);
+    let summary = run.summary();
+    assert_eq!(summary["exit_code"], 78);
+    assert_eq!(summary["published"], 0);
+}

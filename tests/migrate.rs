@@ -1,0 +1,149 @@
+//! `outbox-poll migrate`: creates the table, is idempotent, and upgrades a
+//! table of the reference article's shape in place.
+
+mod common;
+
+use std::process::Stdio;
+
+use common::Fixture;
+
+fn columns(fx: &mut Fixture) -> Vec<(String, String, bool)> {
+    fx.db
+        .query(
+            "SELECT column_name::text, data_type::text, is_nullable = 'YES' FROM information_schema.columns \
+             WHERE table_schema = $1 AND table_name = 'outbox' ORDER BY ordinal_position",
+            &[&fx.schema],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect()
+}
+
+fn column(name: &str, kind: &str, nullable: bool) -> (String, String, bool) {
+    (name.into(), kind.into(), nullable)
+}
+
+fn contract_columns() -> Vec<(String, String, bool)> {
+    vec![
+        column("id", "bigint", false),
+        column("event_id", "text", false),
+        column("event_type", "text", false),
+        column("payload", "jsonb", false),
+        column("created_at", "timestamp with time zone", false),
+        column("published_at", "timestamp with time zone", true),
+        column("attempts", "integer", false),
+        column("last_error", "text", true),
+        column("available_at", "timestamp with time zone", false),
+    ]
+}
+
+#[test]
+fn migrate_creates_the_contract_table_in_an_empty_schema() {
+    let mut fx = Fixture::bare("migrate_empty");
+    let run = fx.run(&["migrate"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    assert_eq!(columns(&mut fx), contract_columns());
+}
+
+#[test]
+fn migrate_twice_changes_nothing_the_second_time() {
+    let mut fx = Fixture::new("migrate_twice");
+    fx.insert("e", 3);
+    let run = fx.run(&["migrate"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    assert_eq!(columns(&mut fx), contract_columns());
+    assert_eq!(fx.rows().len(), 3);
+}
+
+#[test]
+fn event_id_is_unique() {
+    let mut fx = Fixture::new("migrate_unique");
+    fx.insert_event("same", "t", "{}");
+    let sql = format!(
+        "INSERT INTO {} (event_id, event_type, payload) VALUES ('same', 't', '{{}}')",
+        fx.quoted_table()
+    );
+    assert!(fx.db.execute(&sql, &[]).is_err());
+}
+
+#[test]
+fn migrate_upgrades_a_reference_table_in_place_keeping_its_rows() {
+    let mut fx = Fixture::bare("migrate_upgrade");
+    fx.execute(
+        "CREATE TABLE {table} (id bigserial PRIMARY KEY, event_id text NOT NULL UNIQUE, \
+         event_type text NOT NULL, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
+         published_at timestamptz, attempts integer NOT NULL DEFAULT 0); \
+         INSERT INTO {table} (event_id, event_type, payload, published_at, attempts) VALUES \
+           ('old-1', 'a', '{\"k\": 1}', now(), 0), ('old-2', 'a', '{\"k\": 2}', NULL, 3);",
+    );
+    let oid_before: u32 = fx
+        .db
+        .query_one(
+            &format!("SELECT '{}'::regclass::oid", fx.quoted_table()),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+
+    let run = fx.run(&["migrate"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+
+    assert_eq!(columns(&mut fx), contract_columns());
+    let oid_after: u32 = fx
+        .db
+        .query_one(
+            &format!("SELECT '{}'::regclass::oid", fx.quoted_table()),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        oid_before, oid_after,
+        "the table is upgraded, never recreated"
+    );
+    let rows = fx.rows();
+    assert_eq!(rows.len(), 2);
+    assert!(rows[0].published && rows[0].attempts == 0);
+    assert!(
+        !rows[1].published && rows[1].attempts == 3,
+        "existing values are kept"
+    );
+
+    // And the upgraded table relays its pending event.
+    let run = fx.run(&["--json"]);
+    assert_eq!((run.code, run.field("published")), (0, 1), "{}", run.stderr);
+}
+
+#[test]
+fn migrate_into_a_missing_schema_exits_78_saying_so() {
+    let fx = Fixture::bare("migrate_no_schema");
+    let run = fx.run(&["migrate", "--table", "no_such_schema_here.outbox"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert!(run.stderr.contains("no_such_schema_here"), "{}", run.stderr);
+    assert!(run.stderr.contains("CREATE SCHEMA"), "{}", run.stderr);
+}
+
+#[test]
+fn concurrent_migrations_both_succeed() {
+    let fx = Fixture::bare("migrate_concurrent");
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            let mut command = fx.command();
+            command
+                .arg("migrate")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            command.spawn().unwrap()
+        })
+        .collect();
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
