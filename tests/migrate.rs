@@ -20,6 +20,11 @@ fn columns(fx: &mut Fixture) -> Vec<(String, String, bool)> {
         .collect()
 }
 
+fn table_oid(fx: &mut Fixture) -> u32 {
+    let sql = format!("SELECT '{}'::regclass::oid", fx.quoted_table());
+    fx.db.query_one(&sql, &[]).unwrap().get(0)
+}
+
 fn column(name: &str, kind: &str, nullable: bool) -> (String, String, bool) {
     (name.into(), kind.into(), nullable)
 }
@@ -77,27 +82,13 @@ fn migrate_upgrades_a_reference_table_in_place_keeping_its_rows() {
          INSERT INTO {table} (event_id, event_type, payload, published_at, attempts) VALUES \
            ('old-1', 'a', '{\"k\": 1}', now(), 0), ('old-2', 'a', '{\"k\": 2}', NULL, 3);",
     );
-    let oid_before: u32 = fx
-        .db
-        .query_one(
-            &format!("SELECT '{}'::regclass::oid", fx.quoted_table()),
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let oid_before = table_oid(&mut fx);
 
     let run = fx.run(&["migrate"]);
     assert_eq!((run.code, run.stderr.as_str()), (0, ""));
 
     assert_eq!(columns(&mut fx), contract_columns());
-    let oid_after: u32 = fx
-        .db
-        .query_one(
-            &format!("SELECT '{}'::regclass::oid", fx.quoted_table()),
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let oid_after = table_oid(&mut fx);
     assert_eq!(
         oid_before, oid_after,
         "the table is upgraded, never recreated"
