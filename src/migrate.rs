@@ -53,11 +53,13 @@ pub fn run(database: &Database) -> Result<u8> {
     Ok(exit::SUCCESS)
 }
 
+/// Index names first: the table's own name may start with `outbox_` too,
+/// and must not be rewritten again once it is in.
 fn for_table(sql: &str, table: &TableName) -> String {
     let index_prefix = quote(&format!("{}_", table.name()));
     let index_prefix = index_prefix.trim_end_matches('"');
-    sql.replace("\"outbox\"", &table.quoted())
-        .replace("\"outbox_", index_prefix)
+    sql.replace("\"outbox_", index_prefix)
+        .replace("\"outbox\"", &table.quoted())
 }
 
 #[cfg(test)]
@@ -77,6 +79,20 @@ mod tests {
             "{sql}"
         );
         assert!(!sql.contains("\"outbox"), "{sql}");
+    }
+
+    #[test]
+    fn a_table_named_like_the_placeholder_is_left_as_named() {
+        let table = TableName::parse("outbox_archive.outbox_orders").unwrap();
+        let sql = for_table(MIGRATIONS[1].1, &table);
+        assert!(
+            sql.contains(r#"ALTER TABLE "outbox_archive"."outbox_orders" ADD"#),
+            "{sql}"
+        );
+        assert!(
+            sql.contains(r#""outbox_orders_pending_idx" ON "outbox_archive"."outbox_orders""#),
+            "{sql}"
+        );
     }
 
     #[test]

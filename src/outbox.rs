@@ -7,10 +7,11 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Result, anyhow};
 use postgres::{Client, Statement, Transaction};
 
 use crate::db::classify_on_table;
+use crate::exit;
 use crate::table::TableName;
 
 /// Backoff after a failed attempt: `BACKOFF_BASE * 2^attempts`, capped at
@@ -77,17 +78,29 @@ impl Outbox {
         let rows = tx
             .query(&self.claim, &[&self.max_attempts, &limit])
             .map_err(|error| classify_on_table(&error, "claiming a batch", &self.table))?;
-        Ok(rows
-            .iter()
-            .map(|row| Event {
-                id: row.get(0),
-                event_id: row.get(1),
-                event_type: row.get(2),
-                payload: row.get(3),
-                created_at: row.get(4),
-                attempts: row.get(5),
+        rows.iter().map(|row| self.event(row)).collect()
+    }
+
+    /// The SELECT casts every column to the type read here, so only a NULL
+    /// where the table should forbid one can fail, and it must not panic.
+    fn event(&self, row: &postgres::Row) -> Result<Event> {
+        let read = || -> Result<Event, postgres::Error> {
+            Ok(Event {
+                id: row.try_get(0)?,
+                event_id: row.try_get(1)?,
+                event_type: row.try_get(2)?,
+                payload: row.try_get(3)?,
+                created_at: row.try_get(4)?,
+                attempts: row.try_get(5)?,
             })
-            .collect())
+        };
+        read().map_err(|error| {
+            exit::config(anyhow!(
+                "reading a claimed row of table {}: {error}; the columns must be NOT NULL \
+                 as `outbox-poll migrate` creates them",
+                self.table
+            ))
+        })
     }
 
     /// Takes the table's ordered-mode lock for this transaction, if free.
@@ -128,13 +141,17 @@ impl Outbox {
     }
 }
 
-const SELECTED: &str = "id, event_id, event_type, payload::text, \
-     extract(epoch FROM created_at)::bigint, attempts";
+/// Cast to the types the code reads, so a table of the reference article
+/// with `id serial` or `attempts bigint` works instead of failing to decode.
+/// The timestamp is floored: AMQP's has whole seconds, and rounding could
+/// put it after created_at.
+const SELECTED: &str = "id::bigint, event_id::text, event_type::text, payload::text, \
+     floor(extract(epoch FROM created_at))::bigint, attempts::int";
 
 fn claim_sql(table: &str) -> String {
     format!(
         "SELECT {SELECTED} FROM {table} \
-         WHERE published_at IS NULL AND attempts < $1 AND available_at <= now() \
+         WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now() \
          ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
     )
 }
@@ -146,16 +163,16 @@ fn claim_sql(table: &str) -> String {
 fn ordered_claim_sql(table: &str) -> String {
     format!(
         "SELECT {SELECTED} FROM {table} \
-         WHERE published_at IS NULL AND attempts < $1 AND available_at <= now() \
+         WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now() \
            AND id < coalesce((SELECT min(id) FROM {table} \
-                              WHERE published_at IS NULL AND attempts < $1 \
+                              WHERE published_at IS NULL AND attempts < $1::int \
                                 AND available_at > now()), 9223372036854775807) \
          ORDER BY id LIMIT $2 FOR UPDATE"
     )
 }
 
 fn mark_published_sql(table: &str) -> String {
-    format!("UPDATE {table} SET published_at = now() WHERE id = ANY($1)")
+    format!("UPDATE {table} SET published_at = now() WHERE id = ANY($1::bigint[])")
 }
 
 fn mark_failed_sql(table: &str) -> String {

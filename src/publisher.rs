@@ -206,10 +206,10 @@ impl Publisher {
     fn reopen_channel(&mut self, deadline: Instant) -> Result<()> {
         let channel = self
             .runtime
-            .block_on(timeout_at(
-                deadline,
-                open_channel(&self.connection, &self.config),
-            ))
+            // The timer must be made inside the runtime: tokio panics otherwise.
+            .block_on(async {
+                timeout_at(deadline, open_channel(&self.connection, &self.config)).await
+            })
             .map_err(|_| self.outage(anyhow!("reopening the channel"), true))??;
         self.channel = channel;
         Ok(())
@@ -225,7 +225,7 @@ impl Publisher {
             ))
         } else {
             exit::outage(anyhow!(
-                "lost the connection to RabbitMQ at {broker} while publishing: {error:#}; \
+                "lost the connection to RabbitMQ at {broker} while publishing: {error}; \
                  unconfirmed events were left as they were and will be retried"
             ))
         }
@@ -440,19 +440,25 @@ async fn check_exchange(channel: &Channel, config: &BrokerConfig, broker: &str) 
 }
 
 /// A refused login or a missing vhost needs the operator; anything else
-/// (refused TCP, reset, DNS) is an outage.
+/// (refused TCP, reset, DNS, a broker shutting down) is an outage.
 fn connect_error(error: &lapin::Error, broker: &str) -> anyhow::Error {
-    let message = anyhow!("cannot connect to RabbitMQ at {broker}: {error}");
-    if error.is_amqp_soft_error()
-        || error.is_amqp_hard_error()
-        || matches!(error.kind(), lapin::ErrorKind::AuthProviderError(_))
-    {
+    use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+    let refused = match error.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => matches!(
+            amqp.kind(),
+            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
+                | AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED)
+        ),
+        lapin::ErrorKind::AuthProviderError(_) => true,
+        _ => false,
+    };
+    if refused {
         exit::config(anyhow!(
-            "{message:#}; check the user, password and vhost in AMQP_URL"
+            "cannot connect to RabbitMQ at {broker}: {error}; check the user, password and vhost in AMQP_URL"
         ))
     } else {
         exit::outage(anyhow!(
-            "{message:#}; check that the broker is up and AMQP_URL is right"
+            "cannot connect to RabbitMQ at {broker}: {error}; check that the broker is up and AMQP_URL is right"
         ))
     }
 }

@@ -138,19 +138,21 @@ pub fn describe_broker(uri: &AMQPUri) -> String {
 }
 
 /// Replaces the password of a `scheme://user:password@host` URL with `***`.
-/// Anything that is not such a URL is returned unchanged when it holds no
-/// `password=` pair, and fully masked when it does.
+/// The password ends at the *last* `@`: an unencoded `/`, `#`, `?` or `@`
+/// in it is the usual reason a URL fails to parse, which is exactly when it
+/// is shown. Anything that is not such a URL is returned unchanged when it
+/// holds no `password`, and fully masked when it does.
 pub fn redact_url(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let (authority, path) = rest.split_at(authority_end);
-        if let Some(at) = authority.rfind('@') {
-            let (userinfo, host) = authority.split_at(at);
-            if let Some((user, _password)) = userinfo.split_once(':') {
-                return format!("{scheme}://{user}:***{host}{}", redact_query(path));
-            }
-        }
-        return format!("{scheme}://{authority}{}", redact_query(path));
+        let (userinfo, after) = match rest.rfind('@') {
+            Some(at) => rest.split_at(at),
+            None => ("", rest),
+        };
+        let userinfo = match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{user}:***"),
+            None => userinfo.to_string(),
+        };
+        return format!("{scheme}://{userinfo}{}", redact_query(after));
     }
     if url.contains("password") {
         "(a key=value string with a password)".into()
@@ -250,6 +252,16 @@ mod tests {
             "postgresql://h/db?user=u&password=***&sslmode=off"
         );
         assert_eq!(redact_url("amqp://localhost"), "amqp://localhost");
+        for url in [
+            "postgresql://app:pa/ss@db:54x2/x",
+            "amqp://guest:pa#ss@h/%2f",
+            "amqp://u:a?b@c@h/",
+        ] {
+            assert!(
+                !redact_url(url).contains("ss") && !redact_url(url).contains("a?b"),
+                "{url}"
+            );
+        }
         assert!(!redact_url("host=h password=p").contains("=p"));
     }
 

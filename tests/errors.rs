@@ -130,7 +130,14 @@ fn missing_exchange_exits_78_and_marks_nothing() {
 #[test]
 fn bad_table_name_exits_78_without_touching_the_database() {
     let fx = Fixture::new("bad_table");
-    let run = fx.run(&["--table", "outbox; DROP TABLE users"]);
+    // No database listens there: a 78 proves the name was refused first.
+    let url = format!("postgresql://postgres@127.0.0.1:{}/test", closed_port());
+    let run = fx.run(&[
+        "--database-url",
+        &url,
+        "--table",
+        "outbox; DROP TABLE users",
+    ]);
     assert_eq!(run.code, 78, "{}", run.stderr);
     assert_one_clear_line(&run);
     assert!(run.stderr.contains("invalid table name"), "{}", run.stderr);

@@ -138,3 +138,24 @@ fn concurrent_migrations_both_succeed() {
         );
     }
 }
+
+#[test]
+fn a_reference_table_with_serial_id_and_bigint_attempts_relays_too() {
+    let mut fx = Fixture::bare("migrate_types");
+    fx.execute(
+        "CREATE TABLE {table} (id serial PRIMARY KEY, event_id varchar(100) NOT NULL UNIQUE, \
+         event_type varchar(100) NOT NULL, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
+         published_at timestamptz, attempts bigint NOT NULL DEFAULT 0); \
+         INSERT INTO {table} (event_id, event_type, payload) VALUES ('a', 'order.created', '{}'), ('b', 'nobody.listens', '{}');",
+    );
+    fx.amqp.bind_only(&fx.exchange, &fx.queue, "order.#");
+    assert_eq!(fx.run(&["migrate"]).code, 0);
+    let run = fx.run(&["--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("failed")), (1, 1));
+    let rows = fx.rows_untyped();
+    assert_eq!(
+        rows,
+        [("a".to_string(), true, 0), ("b".to_string(), false, 1)]
+    );
+}

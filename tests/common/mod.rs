@@ -277,6 +277,27 @@ impl Fixture {
             .collect()
     }
 
+    /// (event_id, published, attempts) for tables whose column types differ
+    /// from the contract's, read as text.
+    pub fn rows_untyped(&mut self) -> Vec<(String, bool, i64)> {
+        let sql = format!(
+            "SELECT event_id::text, published_at IS NOT NULL, attempts::bigint FROM {} ORDER BY id",
+            self.quoted_table()
+        );
+        let rows = self.db.query(&sql, &[]).unwrap();
+        rows.iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+            .collect()
+    }
+
+    /// The database's clock now.
+    pub fn clock(&mut self) -> std::time::SystemTime {
+        self.db
+            .query_one("SELECT clock_timestamp()", &[])
+            .unwrap()
+            .get(0)
+    }
+
     pub fn published_count(&mut self) -> usize {
         self.rows().iter().filter(|row| row.published).count()
     }
