@@ -1,11 +1,29 @@
 -- Retry bookkeeping, added in place to a table of the reference article's
--- shape (never recreated: it may hold unpublished events). Adding a column
--- with a constant or now() default is a catalog-only change since
--- PostgreSQL 11, so this does not rewrite a large table.
-ALTER TABLE "outbox" ADD COLUMN IF NOT EXISTS attempts integer NOT NULL DEFAULT 0;
-ALTER TABLE "outbox" ADD COLUMN IF NOT EXISTS last_error text;
-ALTER TABLE "outbox" ADD COLUMN IF NOT EXISTS available_at timestamptz NOT NULL DEFAULT now();
+-- shape (never recreated: it may hold unpublished events). Each column is
+-- added only when missing: ALTER TABLE takes an exclusive lock even when
+-- it has nothing to do, and that would stall the producers' inserts on
+-- every deploy. Adding a column with a constant or now() default is a
+-- catalog-only change since PostgreSQL 11: no rewrite of a large table.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = '"outbox"'::regclass
+                   AND attname = 'attempts' AND NOT attisdropped) THEN
+        ALTER TABLE "outbox" ADD COLUMN attempts integer NOT NULL DEFAULT 0;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = '"outbox"'::regclass
+                   AND attname = 'last_error' AND NOT attisdropped) THEN
+        ALTER TABLE "outbox" ADD COLUMN last_error text;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = '"outbox"'::regclass
+                   AND attname = 'available_at' AND NOT attisdropped) THEN
+        ALTER TABLE "outbox" ADD COLUMN available_at timestamptz NOT NULL DEFAULT now();
+    END IF;
+END
+$$;
 
 -- The claim walks unpublished rows in id order; published rows, the bulk of
--- an old table, stay out of this index.
+-- an old table, stay out of this index. Built once, by the first migrate:
+-- on a large existing table that build blocks inserts while it runs, so
+-- run that first migrate at a quiet time (or create this index
+-- CONCURRENTLY by hand beforehand; migrate then finds it and moves on).
 CREATE INDEX IF NOT EXISTS "outbox_pending_idx" ON "outbox" (id) WHERE published_at IS NULL;

@@ -69,7 +69,9 @@ impl Poll {
         // While we wait for the broker the transaction is idle; it must
         // outlive the longest legitimate wait, or the server would end it
         // between publishing and marking.
-        database.idle_limit = IDLE_MARGIN + database.connect_timeout + args.confirm_timeout;
+        // Connecting takes up to two connect timeouts (the connection, then
+        // the channel with its exchange check).
+        database.idle_limit = IDLE_MARGIN + 2 * database.connect_timeout + args.confirm_timeout;
         Ok(Poll {
             broker: BrokerConfig {
                 uri,

@@ -13,8 +13,6 @@ pub fn init(verbose: u8) {
         1 => "warn,lapin=off,outbox_poll=info",
         _ => "info,outbox_poll=debug",
     };
-    env_logger::Builder::new()
-        .parse_filters(default)
-        .parse_env("RUST_LOG")
-        .init();
+    let filters = std::env::var("RUST_LOG").unwrap_or_else(|_| default.to_string());
+    env_logger::Builder::new().parse_filters(&filters).init();
 }

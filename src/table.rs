@@ -42,12 +42,21 @@ impl TableName {
     }
 }
 
+/// As an operator would type it: parts quoted only where they must be, so
+/// a name shown in a message can be pasted back into `--table`.
 impl fmt::Display for TableName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.schema {
-            Some(schema) => write!(f, "{schema}.{}", self.name),
-            None => f.write_str(&self.name),
+            Some(schema) => write!(f, "{}.{}", as_typed(schema), as_typed(&self.name)),
+            None => f.write_str(&as_typed(&self.name)),
         }
+    }
+}
+
+fn as_typed(part: &str) -> String {
+    match plain_part(part) {
+        Ok(folded) if folded == part => part.to_string(),
+        _ => quote(part),
     }
 }
 
@@ -161,6 +170,15 @@ mod tests {
     fn names_longer_than_postgresql_keeps_are_rejected() {
         assert!(TableName::parse(&"a".repeat(63)).is_ok());
         assert!(TableName::parse(&"a".repeat(64)).is_err());
+    }
+
+    #[test]
+    fn display_quotes_only_what_needs_it_and_parses_back() {
+        for text in ["app.outbox", r#""My App"."Out.box""#, r#"app."Outbox""#] {
+            let table = TableName::parse(text).unwrap();
+            assert_eq!(table.to_string(), text);
+            assert_eq!(TableName::parse(&table.to_string()).unwrap(), table);
+        }
     }
 
     #[test]

@@ -57,8 +57,8 @@ pub fn database_config(url: Option<&str>, env: Env) -> Result<postgres::Config> 
     }
     if config.get_user().is_none() {
         let user = env("PGUSER")
+            .or_else(os_user)
             .or_else(|| env("USER"))
-            .or_else(|| env("LOGNAME"))
             .context("no database user: set PGUSER or put the user in DATABASE_URL")?;
         config.user(&user);
     }
@@ -73,6 +73,21 @@ pub fn database_config(url: Option<&str>, env: Env) -> Result<postgres::Config> 
         config.dbname(&dbname);
     }
     Ok(config)
+}
+
+/// The name of the account we run as, as libpq finds it (it asks
+/// getpwuid; reading /etc/passwd for our uid gives the same answer for local
+/// accounts without any unsafe code). Not $USER, which a service manager or
+/// `su` may leave pointing at someone else.
+fn os_user() -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").ok()?.uid().to_string();
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        (fields.nth(1)? == uid).then(|| name.to_string())
+    })
 }
 
 /// libpq takes a host starting with `/` as a socket directory.
@@ -210,11 +225,18 @@ mod tests {
     }
 
     #[test]
-    fn no_host_means_the_local_socket_and_the_current_user() {
-        let env = env_of(&[("USER", "alice")]);
+    fn no_host_means_the_local_socket_and_the_account_we_run_as() {
+        let env = env_of(&[("USER", "someone-else")]);
         let config = database_config(None, &env).unwrap();
         assert!(matches!(config.get_hosts()[0], Host::Unix(_)));
-        assert_eq!(config.get_user(), Some("alice"));
+        let whoami = std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap();
+        assert_eq!(
+            config.get_user(),
+            Some(String::from_utf8_lossy(&whoami.stdout).trim())
+        );
     }
 
     #[test]

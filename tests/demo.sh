@@ -3,7 +3,8 @@
 # migrate, insert sample events, drain them into a queue, show what arrived.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tests/services.sh
+tests/setup.sh
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 cargo build --release --quiet --bin outbox-poll --example peek
 
 export DATABASE_URL=${DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/test}

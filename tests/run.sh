@@ -3,5 +3,6 @@
 # talk to (started, or installed, as needed), then every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tests/services.sh
+tests/setup.sh
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 cargo test "$@"
