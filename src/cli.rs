@@ -39,6 +39,61 @@ pub struct Cli {
 pub enum Command {
     /// Create or upgrade the outbox table (idempotent).
     Migrate,
+    /// Backlog figures: pending, due, retrying, dead, oldest pending age.
+    Status(StatusArgs),
+    /// Make events eligible again: attempts 0, last error cleared, due now.
+    Requeue(RequeueArgs),
+    /// Delete published events, in small transactions.
+    Prune(PruneArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Add the figures of each event type.
+    #[arg(long)]
+    pub by_type: bool,
+
+    /// Exit 1 when any event is dead.
+    #[arg(long)]
+    pub fail_if_dead: bool,
+
+    /// Exit 1 when the oldest pending event is older than this.
+    #[arg(long, value_name = "DURATION", env = "OUTBOX_FAIL_IF_OLDEST_OVER",
+          value_parser = parse_duration)]
+    pub fail_if_oldest_over: Option<Duration>,
+}
+
+#[derive(Args, Debug)]
+#[group(required = true, multiple = false)]
+pub struct RequeueArgs {
+    /// Every dead event (attempts >= --max-attempts).
+    #[arg(long)]
+    pub dead: bool,
+
+    /// These events, by event_id (repeat or list several).
+    #[arg(long, value_name = "ID", num_args = 1..)]
+    pub event_id: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct PruneArgs {
+    /// Delete events published longer ago than this (e.g. 7d).
+    #[arg(long, value_name = "DURATION", env = "OUTBOX_PRUNE_OLDER_THAN",
+          value_parser = parse_duration)]
+    pub older_than: Duration,
+
+    /// Rows deleted per transaction, so no lock is held for long.
+    #[arg(long, env = "OUTBOX_PRUNE_BATCH_SIZE", default_value_t = 5000,
+          value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    pub batch_size: i64,
+
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Also delete dead events created longer ago than --older-than.
+    #[arg(long)]
+    pub include_dead: bool,
 }
 
 /// Options every subcommand needs to find the outbox.

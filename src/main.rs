@@ -10,7 +10,10 @@ mod logging;
 mod migrate;
 mod outbox;
 mod poll;
+mod prune;
 mod publisher;
+mod requeue;
+mod status;
 mod stop;
 mod table;
 mod urls;
@@ -47,5 +50,8 @@ fn run(cli: &Cli) -> Result<u8> {
             poll::run(cli.json, settings)
         }
         Some(Command::Migrate) => migrate::run(&database?),
+        Some(Command::Status(args)) => status::run(&database?, cli.json, args),
+        Some(Command::Requeue(args)) => requeue::run(&database?, cli.json, args),
+        Some(Command::Prune(args)) => prune::run(&database?, args),
     }
 }
