@@ -8,7 +8,8 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 #[derive(Parser, Debug)]
 #[command(
     name = "outbox-poll",
-    version,
+    // `0.1.0 (abc1234)`: build.rs adds the commit when built from git.
+    version = env!("OUTBOX_POLL_VERSION"),
     about = "Relay one batch of a PostgreSQL transactional outbox to RabbitMQ, then exit.",
     long_about = "Relay one batch of a PostgreSQL transactional outbox to RabbitMQ, then exit.\n\n\
         Claims due events with FOR UPDATE SKIP LOCKED, publishes them with publisher \
@@ -45,6 +46,13 @@ pub enum Command {
     Requeue(RequeueArgs),
     /// Delete published events, in small transactions.
     Prune(PruneArgs),
+    /// Print a shell completion script on stdout.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) on stdout.
+    Man,
 }
 
 #[derive(Args, Debug)]

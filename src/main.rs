@@ -6,6 +6,7 @@ mod cli;
 mod config;
 mod db;
 mod exit;
+mod generate;
 mod logging;
 mod migrate;
 mod outbox;
@@ -53,5 +54,7 @@ fn run(cli: &Cli) -> Result<u8> {
         Some(Command::Status(args)) => status::run(&database?, cli.json, args),
         Some(Command::Requeue(args)) => requeue::run(&database?, cli.json, args),
         Some(Command::Prune(args)) => prune::run(&database?, args),
+        Some(Command::Completions { shell }) => generate::completions(*shell),
+        Some(Command::Man) => generate::man(),
     }
 }
