@@ -1,6 +1,7 @@
 //! The command line, exactly as CONTRACT.md names it. Only parsing lives
 //! here; `config` turns it into typed settings.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
@@ -178,6 +179,10 @@ pub struct PollArgs {
     #[arg(long, env = "OUTBOX_CONFIRM_TIMEOUT", default_value = "30s",
           value_parser = parse_duration)]
     pub confirm_timeout: Duration,
+
+    /// After the run, write Prometheus gauges to this file (written, then renamed).
+    #[arg(long, env = "OUTBOX_METRICS_FILE", value_name = "PATH")]
+    pub metrics_file: Option<PathBuf>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,6 +8,7 @@ mod db;
 mod exit;
 mod generate;
 mod logging;
+mod metrics;
 mod migrate;
 mod outbox;
 mod poll;

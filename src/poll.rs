@@ -9,6 +9,7 @@ use crate::batch::{self, Broker, Ended, Totals};
 use crate::config::{Database, Poll};
 use crate::db;
 use crate::exit;
+use crate::metrics;
 use crate::outbox::Outbox;
 use crate::stop::Stop;
 
@@ -17,8 +18,10 @@ use crate::stop::Stop;
 pub fn run(json: bool, settings: Result<(Database, Poll)>) -> Result<u8> {
     let started = Instant::now();
     let mut totals = Totals::default();
-    let result =
-        settings.and_then(|(database, poll)| drain(&database, &poll, &mut totals, started));
+    let result = settings.and_then(|(database, poll)| {
+        let result = drain(&database, &poll, &mut totals, started);
+        metrics::after_run(&database, &poll, &totals, started, result)
+    });
     if json {
         let code = match &result {
             Ok(code) => *code,
