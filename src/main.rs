@@ -12,6 +12,7 @@ mod metrics;
 mod migrate;
 mod outbox;
 mod poll;
+mod progress;
 mod prune;
 mod publisher;
 mod requeue;

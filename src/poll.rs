@@ -11,6 +11,7 @@ use crate::db;
 use crate::exit;
 use crate::metrics;
 use crate::outbox::Outbox;
+use crate::progress::Progress;
 use crate::stop::Stop;
 
 /// Runs the poll and returns its exit code. With --json the summary is
@@ -46,16 +47,19 @@ fn drain(database: &Database, poll: &Poll, totals: &mut Totals, started: Instant
         poll.ordered,
     )?;
     let mut broker = Broker::new(poll.broker.clone());
+    let mut progress = Progress::start(&mut client, database, poll);
     let result = loop {
         match batch::run(&mut client, &outbox, poll, &mut broker, &stop, totals) {
             Ok(Ended::Settled) if poll.drain && !limit_reached(poll, totals, started) => {}
             Ok(_) => break Ok(()),
             Err(error) => break Err(error),
         }
+        progress.update(totals);
         if stop.requested().is_some() {
             break Ok(());
         }
     };
+    progress.finish(totals);
     broker.close();
     result?;
     Ok(match stop.requested() {
