@@ -396,6 +396,28 @@ fn prune_include_dead_deletes_old_dead_events_too() {
 }
 
 #[test]
+fn prune_include_dead_follows_max_attempts() {
+    let mut fx = Fixture::new("prune_dead_max");
+    aged_rows(&mut fx);
+    // With 20 allowed, 10 attempts is not dead: pending, never deleted.
+    let run = fx.run(&[
+        "prune",
+        "--older-than",
+        "7d",
+        "--include-dead",
+        "--max-attempts",
+        "20",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.stdout,
+        "deleted 5 published events older than 7d\n\
+         deleted 0 dead events older than 7d\n"
+    );
+    assert_eq!(fx.rows().len(), 8);
+}
+
+#[test]
 fn prune_needs_older_than() {
     let fx = Fixture::new("prune_usage");
     let run = fx.run(&["prune"]);
