@@ -55,7 +55,7 @@ fn run(cli: &Cli) -> Result<u8> {
         Some(Command::Migrate) => migrate::run(&database?),
         Some(Command::Status(args)) => status::run(&database?, cli.json, args),
         Some(Command::Requeue(args)) => requeue::run(&database?, cli.json, args),
-        Some(Command::Prune(args)) => prune::run(&database?, args),
+        Some(Command::Prune(args)) => prune::run(&database?, cli.json, args),
         Some(Command::Completions { shell }) => generate::completions(*shell),
         Some(Command::Man) => generate::man(),
     }

@@ -4,6 +4,10 @@
 //! are evidence) unless --include-dead, which deletes those created before
 //! the same cut-off. --dry-run only counts.
 //!
+//! `--json` prints `{"published": N, "dead": N or null, "dry_run": bool}`:
+//! the rows deleted (or, with --dry-run, that would be), dead ones null
+//! without --include-dead.
+//!
 //! Needs SELECT and DELETE on the table; without DELETE it stops at the
 //! first batch with one line saying so (exit 78).
 
@@ -53,7 +57,7 @@ impl Kind {
     }
 }
 
-pub fn run(database: &Database, args: &PruneArgs) -> Result<u8> {
+pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<u8> {
     let mut client = db::connect(
         &database.config,
         database.connect_timeout,
@@ -64,21 +68,35 @@ pub fn run(database: &Database, args: &PruneArgs) -> Result<u8> {
     if args.include_dead {
         kinds.push(Kind::Dead);
     }
+    let mut counts = Vec::new();
     for kind in kinds {
         let count = if args.dry_run {
             count(&mut client, database, kind, args.older_than)?
         } else {
             delete(&mut client, database, kind, args)?
         };
-        let verb = if args.dry_run {
-            "would delete"
-        } else {
-            "deleted"
-        };
+        if !json {
+            let verb = if args.dry_run {
+                "would delete"
+            } else {
+                "deleted"
+            };
+            println!(
+                "{verb} {count} {} event{} older than {age}",
+                kind.name(),
+                plural(count)
+            );
+        }
+        counts.push(count);
+    }
+    if json {
         println!(
-            "{verb} {count} {} event{} older than {age}",
-            kind.name(),
-            plural(count)
+            "{}",
+            serde_json::json!({
+                "published": counts[0],
+                "dead": counts.get(1),
+                "dry_run": args.dry_run,
+            })
         );
     }
     Ok(exit::SUCCESS)

@@ -418,6 +418,31 @@ fn prune_include_dead_follows_max_attempts() {
 }
 
 #[test]
+fn prune_json_reports_both_counts() {
+    let mut fx = Fixture::new("prune_json");
+    aged_rows(&mut fx);
+    let run = fx.run(&["prune", "--older-than", "7d", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.summary(),
+        json!({"published": 5, "dead": null, "dry_run": false})
+    );
+    let run = fx.run(&[
+        "prune",
+        "--older-than",
+        "7d",
+        "--include-dead",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(
+        (run.code, run.summary()),
+        (0, json!({"published": 0, "dead": 2, "dry_run": true}))
+    );
+    assert_eq!(run.stdout.lines().count(), 1);
+}
+
+#[test]
 fn prune_needs_older_than() {
     let fx = Fixture::new("prune_usage");
     let run = fx.run(&["prune"]);
