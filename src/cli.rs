@@ -1,6 +1,7 @@
 //! The command line, exactly as CONTRACT.md names it. Only parsing lives
 //! here; `config` turns it into typed settings.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
@@ -8,7 +9,8 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 #[derive(Parser, Debug)]
 #[command(
     name = "outbox-poll",
-    version,
+    // `0.1.0 (abc1234)`: build.rs adds the commit when built from git.
+    version = env!("OUTBOX_POLL_VERSION"),
     about = "Relay one batch of a PostgreSQL transactional outbox to RabbitMQ, then exit.",
     long_about = "Relay one batch of a PostgreSQL transactional outbox to RabbitMQ, then exit.\n\n\
         Claims due events with FOR UPDATE SKIP LOCKED, publishes them with publisher \
@@ -39,6 +41,68 @@ pub struct Cli {
 pub enum Command {
     /// Create or upgrade the outbox table (idempotent).
     Migrate,
+    /// Backlog figures: pending, due, retrying, dead, oldest pending age.
+    Status(StatusArgs),
+    /// Make events eligible again: attempts 0, last error cleared, due now.
+    Requeue(RequeueArgs),
+    /// Delete published events, in small transactions.
+    Prune(PruneArgs),
+    /// Print a shell completion script on stdout.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) on stdout.
+    Man,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Add the figures of each event type.
+    #[arg(long)]
+    pub by_type: bool,
+
+    /// Exit 1 when any event is dead.
+    #[arg(long)]
+    pub fail_if_dead: bool,
+
+    /// Exit 1 when the oldest pending event is older than this.
+    #[arg(long, value_name = "DURATION", env = "OUTBOX_FAIL_IF_OLDEST_OVER",
+          value_parser = parse_duration)]
+    pub fail_if_oldest_over: Option<Duration>,
+}
+
+#[derive(Args, Debug)]
+#[group(required = true, multiple = false)]
+pub struct RequeueArgs {
+    /// Every dead event (attempts >= --max-attempts).
+    #[arg(long)]
+    pub dead: bool,
+
+    /// These events, by event_id (repeat or list several).
+    #[arg(long, value_name = "ID", num_args = 1..)]
+    pub event_id: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct PruneArgs {
+    /// Delete events published longer ago than this (e.g. 7d).
+    #[arg(long, value_name = "DURATION", env = "OUTBOX_PRUNE_OLDER_THAN",
+          value_parser = parse_duration)]
+    pub older_than: Duration,
+
+    /// Rows deleted per transaction, so no lock is held for long.
+    #[arg(long, env = "OUTBOX_PRUNE_BATCH_SIZE", default_value_t = 5000,
+          value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    pub batch_size: i64,
+
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Also delete dead events created longer ago than --older-than.
+    #[arg(long)]
+    pub include_dead: bool,
 }
 
 /// Options every subcommand needs to find the outbox.
@@ -115,6 +179,10 @@ pub struct PollArgs {
     #[arg(long, env = "OUTBOX_CONFIRM_TIMEOUT", default_value = "30s",
           value_parser = parse_duration)]
     pub confirm_timeout: Duration,
+
+    /// After the run, write Prometheus gauges to this file (written, then renamed).
+    #[arg(long, env = "OUTBOX_METRICS_FILE", value_name = "PATH")]
+    pub metrics_file: Option<PathBuf>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

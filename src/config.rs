@@ -2,6 +2,7 @@
 //! be wrong with a value is found here, before any connection is opened, and
 //! reported as a configuration problem (exit 78).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
@@ -39,6 +40,7 @@ pub struct Poll {
     pub max_duration: Option<Duration>,
     pub ordered: bool,
     pub dry_run: bool,
+    pub metrics_file: Option<PathBuf>,
 }
 
 impl Database {
@@ -86,6 +88,7 @@ impl Poll {
             max_duration: args.max_duration,
             ordered: args.ordered,
             dry_run: args.dry_run,
+            metrics_file: args.metrics_file.clone(),
         })
     }
 }

@@ -6,11 +6,17 @@ mod cli;
 mod config;
 mod db;
 mod exit;
+mod generate;
 mod logging;
+mod metrics;
 mod migrate;
 mod outbox;
 mod poll;
+mod progress;
+mod prune;
 mod publisher;
+mod requeue;
+mod status;
 mod stop;
 mod table;
 mod urls;
@@ -47,5 +53,10 @@ fn run(cli: &Cli) -> Result<u8> {
             poll::run(cli.json, settings)
         }
         Some(Command::Migrate) => migrate::run(&database?),
+        Some(Command::Status(args)) => status::run(&database?, cli.json, args),
+        Some(Command::Requeue(args)) => requeue::run(&database?, cli.json, args),
+        Some(Command::Prune(args)) => prune::run(&database?, cli.json, args),
+        Some(Command::Completions { shell }) => generate::completions(*shell),
+        Some(Command::Man) => generate::man(),
     }
 }

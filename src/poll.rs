@@ -9,7 +9,9 @@ use crate::batch::{self, Broker, Ended, Totals};
 use crate::config::{Database, Poll};
 use crate::db;
 use crate::exit;
+use crate::metrics;
 use crate::outbox::Outbox;
+use crate::progress::Progress;
 use crate::stop::Stop;
 
 /// Runs the poll and returns its exit code. With --json the summary is
@@ -17,8 +19,10 @@ use crate::stop::Stop;
 pub fn run(json: bool, settings: Result<(Database, Poll)>) -> Result<u8> {
     let started = Instant::now();
     let mut totals = Totals::default();
-    let result =
-        settings.and_then(|(database, poll)| drain(&database, &poll, &mut totals, started));
+    let result = settings.and_then(|(database, poll)| {
+        let result = drain(&database, &poll, &mut totals, started);
+        metrics::after_run(&database, &poll, &totals, started, result)
+    });
     if json {
         let code = match &result {
             Ok(code) => *code,
@@ -43,16 +47,19 @@ fn drain(database: &Database, poll: &Poll, totals: &mut Totals, started: Instant
         poll.ordered,
     )?;
     let mut broker = Broker::new(poll.broker.clone());
+    let mut progress = Progress::start(&mut client, database, poll);
     let result = loop {
         match batch::run(&mut client, &outbox, poll, &mut broker, &stop, totals) {
             Ok(Ended::Settled) if poll.drain && !limit_reached(poll, totals, started) => {}
             Ok(_) => break Ok(()),
             Err(error) => break Err(error),
         }
+        progress.update(totals);
         if stop.requested().is_some() {
             break Ok(());
         }
     };
+    progress.finish(totals);
     broker.close();
     result?;
     Ok(match stop.requested() {

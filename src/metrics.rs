@@ -1,0 +1,228 @@
+//! `--metrics-file PATH`: after a poll run, Prometheus text-format gauges
+//! for node_exporter's textfile collector: what the run did, and the
+//! backlog it left (one status query).
+//!
+//! The file is written to `PATH.tmp` in the same directory and renamed
+//! over PATH, so the collector never reads half a file (it reads only
+//! `*.prom`, so the temporary name is never collected).
+//!
+//! The file is written whatever the run's outcome: a failed run's exit code
+//! is what an alert wants to see. If the backlog cannot be read the backlog
+//! gauges are left out. If the file cannot be written that is a
+//! configuration problem: exit 78 when the run was otherwise fine,
+//! otherwise the run's own code stands and a warning says why.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+
+use crate::batch::Totals;
+use crate::config::{Database, Poll};
+use crate::db;
+use crate::exit;
+use crate::status::{self, Figures};
+
+/// Writes the metrics file if --metrics-file asks for one; hands back the
+/// run's result, or a configuration error if the file could not be written.
+pub fn after_run(
+    database: &Database,
+    poll: &Poll,
+    totals: &Totals,
+    started: Instant,
+    result: Result<u8>,
+) -> Result<u8> {
+    let Some(path) = &poll.metrics_file else {
+        return result;
+    };
+    let code = match &result {
+        Ok(code) => *code,
+        Err(error) => exit::code_of(error),
+    };
+    let backlog = db::connect(
+        &database.config,
+        database.connect_timeout,
+        database.idle_limit,
+    )
+    .and_then(|mut client| status::figures(&mut client, &database.table, database.max_attempts));
+    let backlog = match backlog {
+        Ok(figures) => Some(figures),
+        Err(error) => {
+            log::warn!("metrics without the backlog: {error:#}");
+            None
+        }
+    };
+    let ended = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let text = render(
+        &database.table.to_string(),
+        &Run {
+            ended,
+            code,
+            duration_s: started.elapsed().as_secs_f64(),
+            totals: *totals,
+        },
+        backlog.as_ref(),
+    );
+    match (write_atomically(path, &text), result) {
+        (Ok(()), result) => result,
+        (Err(error), Ok(exit::SUCCESS)) => Err(exit::config(error)),
+        (Err(error), result) => {
+            eprintln!("outbox-poll: warning: {error:#}");
+            result
+        }
+    }
+}
+
+/// What one run did.
+pub struct Run {
+    pub ended: f64,
+    pub code: u8,
+    pub duration_s: f64,
+    pub totals: Totals,
+}
+
+/// The gauges, each with its HELP and TYPE lines, labelled with the table.
+pub fn render(table: &str, run: &Run, backlog: Option<&Figures>) -> String {
+    let label = format!("{{table=\"{}\"}}", escape_label(table));
+    let mut text = String::new();
+    let mut gauge = |name: &str, help: &str, value: String| {
+        let _ = write!(
+            text,
+            "# HELP outbox_poll_{name} {help}\n\
+             # TYPE outbox_poll_{name} gauge\n\
+             outbox_poll_{name}{label} {value}\n"
+        );
+    };
+    let totals = &run.totals;
+    gauge(
+        "last_run_timestamp_seconds",
+        "When the last run ended, in seconds since the epoch.",
+        format!("{:.3}", run.ended),
+    );
+    gauge(
+        "last_run_exit_code",
+        "Exit code of the last run (0 done, 1 some events failed, 69 outage, 78 configuration).",
+        run.code.to_string(),
+    );
+    gauge(
+        "last_run_duration_seconds",
+        "How long the last run took.",
+        format!("{:.3}", run.duration_s),
+    );
+    gauge(
+        "last_run_batches",
+        "Batches the last run committed.",
+        totals.batches.to_string(),
+    );
+    gauge(
+        "last_run_claimed",
+        "Events the last run claimed.",
+        totals.claimed.to_string(),
+    );
+    gauge(
+        "last_run_published",
+        "Events the last run published (confirmed by the broker).",
+        totals.published.to_string(),
+    );
+    gauge(
+        "last_run_failed",
+        "Events the broker nacked or returned in the last run.",
+        totals.failed.to_string(),
+    );
+    if let Some(figures) = backlog {
+        gauge(
+            "pending",
+            "Unpublished events that are not dead.",
+            figures.pending.to_string(),
+        );
+        gauge(
+            "due",
+            "Pending events available now.",
+            figures.due.to_string(),
+        );
+        gauge(
+            "retrying",
+            "Pending events with failed attempts.",
+            figures.retrying.to_string(),
+        );
+        gauge(
+            "dead",
+            "Unpublished events at --max-attempts: never claimed again.",
+            figures.dead.to_string(),
+        );
+        gauge(
+            "oldest_pending_age_seconds",
+            "Age of the oldest pending event (0 when none is pending).",
+            figures.oldest_pending_age_s.unwrap_or(0).to_string(),
+        );
+    }
+    text
+}
+
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// PATH.tmp beside PATH, flushed to disk, then renamed over PATH.
+fn write_atomically(path: &Path, text: &str) -> Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let temporary: PathBuf = path.with_file_name(name);
+    let write = || -> std::io::Result<()> {
+        let mut file = std::fs::File::create(&temporary)?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)
+    };
+    write().with_context(|| {
+        let _ = std::fs::remove_file(&temporary);
+        format!(
+            "cannot write the metrics file {}: check that its directory exists and is writable",
+            path.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gauges_have_help_type_and_the_table_label() {
+        let run = Run {
+            ended: 1_700_000_000.5,
+            code: 1,
+            duration_s: 0.25,
+            totals: Totals {
+                claimed: 3,
+                published: 2,
+                failed: 1,
+                batches: 1,
+            },
+        };
+        let text = render("app.outbox", &run, None);
+        assert!(text.starts_with(
+            "# HELP outbox_poll_last_run_timestamp_seconds When the last run ended, in seconds since the epoch.\n\
+             # TYPE outbox_poll_last_run_timestamp_seconds gauge\n\
+             outbox_poll_last_run_timestamp_seconds{table=\"app.outbox\"} 1700000000.500\n"
+        ), "{text}");
+        assert!(text.contains("outbox_poll_last_run_failed{table=\"app.outbox\"} 1\n"));
+        assert!(
+            !text.contains("outbox_poll_pending"),
+            "no backlog, no gauge"
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("a\"b\\c"), "a\\\"b\\\\c");
+    }
+}

@@ -1,0 +1,88 @@
+//! A progress bar for a --drain that someone is watching: published count,
+//! rate and remaining backlog, on stderr. Only when stderr is a terminal
+//! and the drain has run for more than a moment; under cron, in CI or with
+//! stderr redirected nothing is drawn and not even the backlog is counted.
+//! A terminal that cannot redraw a line (TERM=dumb or unset) gets no bar.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use postgres::Client;
+
+use crate::batch::Totals;
+use crate::config::{Database, Poll};
+
+/// A drain shorter than this shows nothing at all.
+const GRACE: Duration = Duration::from_secs(1);
+
+/// Inactive (and free) unless a bar may be drawn.
+pub struct Progress(Option<Active>);
+
+struct Active {
+    started: Instant,
+    /// Due events when the drain started.
+    backlog: u64,
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    /// Counts the due backlog (one cheap query), if a bar may be drawn.
+    pub fn start(client: &mut Client, database: &Database, poll: &Poll) -> Progress {
+        if !poll.drain || !std::io::stderr().is_terminal() {
+            return Progress(None);
+        }
+        let sql = format!(
+            "SELECT count(*) FROM {} \
+             WHERE published_at IS NULL AND attempts < $1 AND available_at <= now()",
+            database.table.quoted()
+        );
+        let backlog: i64 = client
+            .query_one(&sql, &[&database.max_attempts])
+            .map(|row| row.get(0))
+            .unwrap_or(0);
+        Progress(Some(Active {
+            started: Instant::now(),
+            backlog: backlog.max(0) as u64,
+            bar: None,
+        }))
+    }
+
+    /// After each batch.
+    pub fn update(&mut self, totals: &Totals) {
+        let Some(progress) = &mut self.0 else { return };
+        let elapsed = progress.started.elapsed();
+        if progress.bar.is_none() && elapsed < GRACE {
+            return;
+        }
+        let bar = progress.bar.get_or_insert_with(|| {
+            let bar =
+                ProgressBar::with_draw_target(Some(progress.backlog), ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar
+        });
+        let done = totals.published + totals.failed;
+        // New events may arrive during the drain.
+        bar.set_length(progress.backlog.max(done));
+        bar.set_position(done);
+        let rate = totals.published as f64 / elapsed.as_secs_f64().max(0.001);
+        bar.set_message(format!(
+            "published {}, failed {}, {rate:.0}/s, {} remaining",
+            totals.published,
+            totals.failed,
+            progress.backlog.saturating_sub(done)
+        ));
+    }
+
+    /// When the drain ends: the final figures stay on screen.
+    pub fn finish(mut self, totals: &Totals) {
+        self.update(totals);
+        if let Some(bar) = self.0.and_then(|progress| progress.bar) {
+            bar.finish();
+            eprintln!(); // what comes next starts on a line of its own
+        }
+    }
+}

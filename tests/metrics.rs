@@ -1,0 +1,175 @@
+//! --metrics-file: Prometheus gauges after a poll run, written atomically.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use common::Fixture;
+
+/// A directory of the test's own, removed at the end.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(test: &str) -> Dir {
+        let path = std::env::temp_dir().join(format!("outbox-poll-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Dir(path)
+    }
+
+    fn file(&self) -> PathBuf {
+        self.0.join("outbox.prom")
+    }
+
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Gauge name (without the outbox_poll_ prefix) to value, after checking
+/// every sample has HELP and TYPE lines and the table label.
+fn gauges(text: &str, table: &str) -> HashMap<String, f64> {
+    let mut values = HashMap::new();
+    let label = format!("{{table=\"{table}\"}}");
+    for line in text.lines().filter(|line| !line.starts_with('#')) {
+        let (series, value) = line.split_once(' ').unwrap();
+        let name = series
+            .strip_suffix(&label)
+            .unwrap_or_else(|| panic!("{line}"));
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "no HELP for {name}"
+        );
+        assert!(
+            text.contains(&format!("# TYPE {name} gauge\n")),
+            "no TYPE for {name}"
+        );
+        let short = name.strip_prefix("outbox_poll_").unwrap().to_string();
+        values.insert(short, value.parse().unwrap());
+    }
+    values
+}
+
+#[test]
+fn metrics_file_has_the_runs_figures_and_the_backlog() {
+    let mut fx = Fixture::new("metrics");
+    let dir = Dir::new("metrics");
+    fx.insert("e", 5);
+    fx.execute("UPDATE {table} SET attempts = 10 WHERE event_id = 'e-5'");
+    let path = dir.file();
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let run = fx.run(&[
+        "--batch-size",
+        "3",
+        "--metrics-file",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(dir.names(), ["outbox.prom"], "no temporary file is left");
+    let values = gauges(&std::fs::read_to_string(&path).unwrap(), &fx.table);
+    let exact: Vec<(&str, f64)> = [
+        "last_run_exit_code",
+        "last_run_batches",
+        "last_run_claimed",
+        "last_run_published",
+        "last_run_failed",
+        "pending",
+        "due",
+        "retrying",
+        "dead",
+        "oldest_pending_age_seconds",
+    ]
+    .into_iter()
+    .map(|name| (name, values[name]))
+    .collect();
+    assert_eq!(
+        exact,
+        [
+            ("last_run_exit_code", 0.0),
+            ("last_run_batches", 1.0),
+            ("last_run_claimed", 3.0),
+            ("last_run_published", 3.0),
+            ("last_run_failed", 0.0),
+            ("pending", 1.0),
+            ("due", 1.0),
+            ("retrying", 0.0),
+            ("dead", 1.0),
+            ("oldest_pending_age_seconds", 0.0),
+        ]
+    );
+    let ended = values["last_run_timestamp_seconds"];
+    assert!(ended >= before.floor() && ended < before + 60.0, "{ended}");
+    assert!(values["last_run_duration_seconds"] < 60.0);
+    assert_eq!(values.len(), 12);
+}
+
+#[test]
+fn metrics_file_env_var_and_a_failed_runs_exit_code() {
+    let mut fx = Fixture::new("metrics_env");
+    let dir = Dir::new("metrics_env");
+    fx.insert("e", 1);
+    let path = dir.file();
+    // A missing exchange is a configuration problem: exit 78, and the
+    // metrics say so.
+    let run = fx.run_with(
+        &[("OUTBOX_METRICS_FILE", path.to_str().unwrap())],
+        &["--exchange", "no_such_exchange_for_metrics"],
+    );
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    let values = gauges(&std::fs::read_to_string(&path).unwrap(), &fx.table);
+    assert_eq!(
+        (
+            values["last_run_exit_code"],
+            values["last_run_published"],
+            values["pending"]
+        ),
+        (78.0, 0.0, 1.0)
+    );
+}
+
+#[test]
+fn metrics_file_replaces_the_previous_one() {
+    let mut fx = Fixture::new("metrics_replace");
+    let dir = Dir::new("metrics_replace");
+    let path = dir.file();
+    std::fs::write(&path, "stale\n").unwrap();
+    fx.insert("e", 2);
+    let run = fx.run(&["--metrics-file", path.to_str().unwrap()]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let values = gauges(&std::fs::read_to_string(&path).unwrap(), &fx.table);
+    assert_eq!(
+        (values["last_run_published"], values["pending"]),
+        (2.0, 0.0)
+    );
+}
+
+#[test]
+fn unwritable_metrics_file_exits_78_after_publishing() {
+    let mut fx = Fixture::new("metrics_unwritable");
+    fx.insert("e", 2);
+    let run = fx.run(&["--metrics-file", "/nonexistent-dir/outbox.prom", "--json"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_eq!(
+        run.stderr,
+        "outbox-poll: error: cannot write the metrics file /nonexistent-dir/outbox.prom: \
+         check that its directory exists and is writable: No such file or directory (os error 2)\n"
+    );
+    assert_eq!(run.field("published"), 2, "the events were still published");
+    assert_eq!(run.field("exit_code"), 78);
+    assert_eq!(fx.published_count(), 2);
+}

@@ -1,0 +1,499 @@
+//! The operators' commands against the real database: status, requeue,
+//! prune and poll's --dry-run, with exact figures and exit codes.
+
+mod common;
+
+use common::Fixture;
+use serde_json::json;
+
+/// Ten events in known states (ids e-1 .. e-10):
+/// e-1, e-2 published; e-3 (attempts 10) and e-4 (12) dead;
+/// e-5 retrying and backing off for an hour; e-6 retrying and due;
+/// e-7 .. e-10 fresh and due, e-7 created an hour ago.
+/// With the default --max-attempts 10: pending 6, due 5, retrying 2, dead 2.
+fn known_states(fx: &mut Fixture) {
+    fx.insert("e", 10);
+    fx.execute(
+        "UPDATE {table} SET published_at = now() WHERE event_id IN ('e-1', 'e-2');
+         UPDATE {table} SET attempts = 10, last_error = 'nacked' WHERE event_id = 'e-3';
+         UPDATE {table} SET attempts = 12, last_error = 'nacked' WHERE event_id = 'e-4';
+         UPDATE {table} SET attempts = 2, last_error = 'returned',
+                available_at = now() + interval '1 hour' WHERE event_id = 'e-5';
+         UPDATE {table} SET attempts = 1, last_error = 'returned',
+                available_at = now() - interval '1 second' WHERE event_id = 'e-6';
+         UPDATE {table} SET created_at = now() - interval '1 hour' WHERE event_id = 'e-7';",
+    );
+}
+
+fn status_json(fx: &Fixture, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["status", "--json"];
+    all.extend_from_slice(args);
+    let run = fx.run(&all);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    run.summary()
+}
+
+/// The age moves on while the test runs: a second or two of slack.
+fn assert_age(status: &mut serde_json::Value, expected: i64) {
+    let age = status["oldest_pending_age_s"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no age in {status}"));
+    assert!(
+        (expected..expected + 3).contains(&age),
+        "age {age}, expected {expected}"
+    );
+    status["oldest_pending_age_s"] = json!(expected);
+}
+
+#[test]
+fn status_json_counts_each_state_exactly() {
+    let mut fx = Fixture::new("status_json");
+    known_states(&mut fx);
+    let mut status = status_json(&fx, &[]);
+    assert_age(&mut status, 3600);
+    assert_eq!(
+        status,
+        json!({"pending": 6, "due": 5, "retrying": 2, "dead": 2, "oldest_pending_age_s": 3600})
+    );
+}
+
+#[test]
+fn status_json_of_an_empty_table_has_a_null_age() {
+    let fx = Fixture::new("status_empty");
+    let run = fx.run(&["status", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.stdout,
+        "{\"pending\":0,\"due\":0,\"retrying\":0,\"dead\":0,\"oldest_pending_age_s\":null}\n"
+    );
+}
+
+#[test]
+fn status_dead_follows_max_attempts() {
+    let mut fx = Fixture::new("status_max_attempts");
+    known_states(&mut fx);
+    // With 2, e-5 (2 attempts) is dead too; e-6 (1 attempt) still retrying.
+    let mut status = status_json(&fx, &["--max-attempts", "2"]);
+    assert_age(&mut status, 3600);
+    assert_eq!(
+        status,
+        json!({"pending": 5, "due": 5, "retrying": 1, "dead": 3, "oldest_pending_age_s": 3600})
+    );
+}
+
+#[test]
+fn status_needs_no_broker() {
+    let mut fx = Fixture::new("status_no_broker");
+    fx.insert("e", 3);
+    let run = fx.run_with(
+        &[("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f")],
+        &["status", "--json"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.summary()["pending"], 3);
+}
+
+#[test]
+fn status_text_is_an_aligned_table() {
+    let mut fx = Fixture::new("status_text");
+    known_states(&mut fx);
+    let run = fx.run(&["status"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines[..5],
+        [
+            format!("table           {}", fx.table).as_str(),
+            "pending         6",
+            "due             5",
+            "retrying        2",
+            "dead            2",
+        ]
+    );
+    assert!(lines[5].starts_with("oldest pending  1h"), "{}", run.stdout);
+    assert_eq!(lines.len(), 6, "{}", run.stdout);
+}
+
+#[test]
+fn status_by_type_counts_each_event_type() {
+    let mut fx = Fixture::new("status_by_type");
+    fx.insert_event("a-1", "invoice.paid", "{}");
+    fx.insert_event("a-2", "invoice.paid", "{}");
+    fx.insert_event("b-1", "order.created", "{}");
+    fx.insert_event("b-2", "order.created", "{}");
+    fx.execute(
+        "UPDATE {table} SET attempts = 10 WHERE event_id = 'b-1';
+         UPDATE {table} SET published_at = now() WHERE event_id = 'b-2';",
+    );
+    let mut status = status_json(&fx, &["--by-type"]);
+    assert_age(&mut status, 0);
+    assert_eq!(
+        status,
+        json!({
+            "pending": 2, "due": 2, "retrying": 0, "dead": 1, "oldest_pending_age_s": 0,
+            "by_type": {
+                "invoice.paid": {"pending": 2, "due": 2, "retrying": 0, "dead": 0,
+                                 "oldest_pending_age_s": status["by_type"]["invoice.paid"]["oldest_pending_age_s"]},
+                "order.created": {"pending": 0, "due": 0, "retrying": 0, "dead": 1,
+                                  "oldest_pending_age_s": null},
+            }
+        })
+    );
+
+    let run = fx.run(&["status", "--by-type"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let tail: Vec<&str> = run.stdout.lines().skip(7).collect();
+    assert_eq!(
+        tail,
+        [
+            "event type     pending  due  retrying  dead",
+            "invoice.paid         2    2         0     0",
+            "order.created        0    0         0     1",
+        ],
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn status_fail_if_dead_exits_1_only_when_an_event_is_dead() {
+    let mut fx = Fixture::new("status_fail_dead");
+    fx.insert("e", 2);
+    let run = fx.run(&["status", "--fail-if-dead"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+
+    fx.execute("UPDATE {table} SET attempts = 10 WHERE event_id = 'e-1'");
+    let run = fx.run(&["status", "--json", "--fail-if-dead"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(
+        run.summary()["dead"],
+        1,
+        "the figures are printed all the same"
+    );
+    assert_eq!(
+        run.stderr,
+        format!(
+            "outbox-poll: 1 dead event (see `outbox-poll requeue --dead`) in table {}\n",
+            fx.table
+        )
+    );
+}
+
+#[test]
+fn status_fail_if_oldest_over_exits_1_past_the_threshold() {
+    let mut fx = Fixture::new("status_fail_oldest");
+    known_states(&mut fx); // oldest pending: one hour
+    let run = fx.run(&["status", "--fail-if-oldest-over", "2h"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+
+    let run = fx.run(&["status", "--fail-if-oldest-over", "30m"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .starts_with("outbox-poll: the oldest pending event is 1h"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("over the 30m allowed"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.stderr.lines().count(), 1);
+}
+
+#[test]
+fn status_on_a_missing_table_exits_78_naming_migrate() {
+    let fx = Fixture::bare("status_missing");
+    let run = fx.run(&["status"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&fx.table) && run.stderr.contains("outbox-poll migrate"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn requeue_dead_resets_only_dead_events() {
+    let mut fx = Fixture::new("requeue_dead");
+    known_states(&mut fx);
+    let run = fx.run(&["requeue", "--dead"]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, "requeued 2 events\n"));
+    let rows = fx.rows();
+    for row in &rows[2..4] {
+        assert_eq!(
+            (row.attempts, row.last_error.as_deref()),
+            (0, None),
+            "{row:?}"
+        );
+        assert!(row.due_in_s <= 0.0, "{row:?} is due now");
+    }
+    assert_eq!(
+        (rows[4].attempts, rows[4].last_error.as_deref()),
+        (2, Some("returned")),
+        "a retrying event is not dead and is left alone"
+    );
+    assert!(rows[..2].iter().all(|row| row.published));
+    let mut status = status_json(&fx, &[]);
+    assert_age(&mut status, 3600);
+    assert_eq!(
+        status,
+        json!({"pending": 8, "due": 7, "retrying": 2, "dead": 0, "oldest_pending_age_s": 3600})
+    );
+}
+
+#[test]
+fn requeued_dead_events_are_published_by_the_next_run() {
+    let mut fx = Fixture::new("requeue_then_poll");
+    fx.insert("e", 3);
+    fx.execute("UPDATE {table} SET attempts = 10 WHERE event_id IN ('e-1', 'e-2')");
+    let run = fx.run(&["--json"]);
+    assert_eq!(run.field("published"), 1, "dead events are not claimed");
+    assert_eq!(fx.run(&["requeue", "--dead"]).code, 0);
+    let run = fx.run(&["--json"]);
+    assert_eq!((run.code, run.field("published")), (0, 2), "{}", run.stderr);
+    let ids: Vec<String> = fx.messages().into_iter().map(|m| m.message_id).collect();
+    assert_eq!(ids, ["e-3", "e-1", "e-2"]);
+}
+
+#[test]
+fn requeue_event_ids_resets_the_named_events_and_reports_unknown_ones() {
+    let mut fx = Fixture::new("requeue_ids");
+    known_states(&mut fx);
+    let run = fx.run(&[
+        "requeue",
+        "--event-id",
+        "e-3",
+        "e-5",
+        "nope",
+        "--event-id",
+        "e-5",
+    ]);
+    assert_eq!(run.code, 1, "an unknown id exits 1: {}", run.stderr);
+    assert_eq!(run.stdout, "requeued 2 events\n");
+    assert_eq!(run.stderr, "outbox-poll: unknown event id: nope\n");
+    let rows = fx.rows();
+    for row in [&rows[2], &rows[4]] {
+        assert_eq!((row.attempts, row.last_error.as_deref()), (0, None));
+        assert!(row.due_in_s <= 0.0, "{row:?} is due now");
+    }
+    assert_eq!(rows[3].attempts, 12, "e-4 was not named");
+}
+
+#[test]
+fn requeue_never_resends_a_published_event() {
+    let mut fx = Fixture::new("requeue_published");
+    known_states(&mut fx);
+    let run = fx.run(&["requeue", "--json", "--event-id", "e-1", "e-6"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(
+        run.summary(),
+        json!({"requeued": 1, "unknown": [], "already_published": ["e-1"]})
+    );
+    assert_eq!(
+        run.stderr,
+        "outbox-poll: event id e-1 is already published; left as it is\n"
+    );
+    assert!(fx.rows()[0].published);
+}
+
+#[test]
+fn requeue_needs_exactly_one_of_dead_and_event_id() {
+    let fx = Fixture::new("requeue_usage");
+    assert_eq!(fx.run(&["requeue"]).code, 2);
+    assert_eq!(fx.run(&["requeue", "--dead", "--event-id", "x"]).code, 2);
+}
+
+/// Five events published 8 days ago, three a day ago, two pending, two
+/// dead created 8 days ago and one dead created today: 13 rows.
+fn aged_rows(fx: &mut Fixture) {
+    fx.insert("e", 13);
+    fx.execute(
+        "UPDATE {table} SET published_at = now() - interval '8 days'
+           WHERE event_id IN ('e-1', 'e-2', 'e-3', 'e-4', 'e-5');
+         UPDATE {table} SET published_at = now() - interval '1 day'
+           WHERE event_id IN ('e-6', 'e-7', 'e-8');
+         UPDATE {table} SET attempts = 10, created_at = now() - interval '8 days'
+           WHERE event_id IN ('e-11', 'e-12');
+         UPDATE {table} SET attempts = 10 WHERE event_id = 'e-13';",
+    );
+}
+
+fn event_ids(fx: &mut Fixture) -> Vec<String> {
+    fx.rows().into_iter().map(|row| row.event_id).collect()
+}
+
+#[test]
+fn prune_deletes_published_events_older_than_the_cutoff() {
+    let mut fx = Fixture::new("prune");
+    aged_rows(&mut fx);
+    let run = fx.run(&["prune", "--older-than", "7d"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.stdout, "deleted 5 published events older than 7d\n");
+    assert_eq!(
+        event_ids(&mut fx),
+        ["e-6", "e-7", "e-8", "e-9", "e-10", "e-11", "e-12", "e-13"],
+        "recent, pending and dead rows are kept"
+    );
+}
+
+#[test]
+fn prune_deletes_in_batches_of_batch_size() {
+    let mut fx = Fixture::new("prune_batches");
+    aged_rows(&mut fx);
+    let run = fx.run(&["prune", "--older-than", "7d", "--batch-size", "2", "-v"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.stdout, "deleted 5 published events older than 7d\n");
+    let batches: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter_map(|line| line.split("pruned ").nth(1))
+        .collect();
+    assert_eq!(
+        batches,
+        [
+            "2 published events (total 2)",
+            "2 published events (total 4)",
+            "1 published events (total 5)"
+        ],
+        "{}",
+        run.stderr
+    );
+    assert_eq!(fx.rows().len(), 8);
+}
+
+#[test]
+fn prune_dry_run_counts_and_deletes_nothing() {
+    let mut fx = Fixture::new("prune_dry_run");
+    aged_rows(&mut fx);
+    let run = fx.run(&["prune", "--older-than", "7d", "--dry-run", "--include-dead"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.stdout,
+        "would delete 5 published events older than 7d\n\
+         would delete 2 dead events older than 7d\n"
+    );
+    assert_eq!(fx.rows().len(), 13);
+}
+
+#[test]
+fn prune_include_dead_deletes_old_dead_events_too() {
+    let mut fx = Fixture::new("prune_dead");
+    aged_rows(&mut fx);
+    let run = fx.run(&["prune", "--older-than", "7d", "--include-dead"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.stdout,
+        "deleted 5 published events older than 7d\n\
+         deleted 2 dead events older than 7d\n"
+    );
+    assert_eq!(
+        event_ids(&mut fx),
+        ["e-6", "e-7", "e-8", "e-9", "e-10", "e-13"]
+    );
+}
+
+#[test]
+fn prune_include_dead_follows_max_attempts() {
+    let mut fx = Fixture::new("prune_dead_max");
+    aged_rows(&mut fx);
+    // With 20 allowed, 10 attempts is not dead: pending, never deleted.
+    let run = fx.run(&[
+        "prune",
+        "--older-than",
+        "7d",
+        "--include-dead",
+        "--max-attempts",
+        "20",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.stdout,
+        "deleted 5 published events older than 7d\n\
+         deleted 0 dead events older than 7d\n"
+    );
+    assert_eq!(fx.rows().len(), 8);
+}
+
+#[test]
+fn prune_json_reports_both_counts() {
+    let mut fx = Fixture::new("prune_json");
+    aged_rows(&mut fx);
+    let run = fx.run(&["prune", "--older-than", "7d", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.summary(),
+        json!({"published": 5, "dead": null, "dry_run": false})
+    );
+    let run = fx.run(&[
+        "prune",
+        "--older-than",
+        "7d",
+        "--include-dead",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(
+        (run.code, run.summary()),
+        (0, json!({"published": 0, "dead": 2, "dry_run": true}))
+    );
+    assert_eq!(run.stdout.lines().count(), 1);
+}
+
+#[test]
+fn prune_needs_older_than() {
+    let fx = Fixture::new("prune_usage");
+    let run = fx.run(&["prune"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+}
+
+#[test]
+fn dry_run_prints_the_claimed_batch_and_changes_nothing() {
+    let mut fx = Fixture::new("dry_run");
+    fx.insert_event("a", "invoice.paid", r#"{"n": 1}"#);
+    fx.insert_event("b", "order.created", r#"{"n": 2}"#);
+    fx.insert_event("c", "order.created", r#"{"n": 3}"#);
+    fx.execute("UPDATE {table} SET attempts = 1 WHERE event_id = 'b'");
+    let run = fx.run(&["--dry-run", "--batch-size", "2"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let lines: Vec<serde_json::Value> = run
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let picked: Vec<_> = lines
+        .iter()
+        .map(|line| {
+            (
+                line["event_id"].clone(),
+                line["event_type"].clone(),
+                line["payload"].clone(),
+                line["attempts"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        picked,
+        [
+            (json!("a"), json!("invoice.paid"), json!({"n": 1}), json!(0)),
+            (
+                json!("b"),
+                json!("order.created"),
+                json!({"n": 2}),
+                json!(1)
+            ),
+        ]
+    );
+    assert!(fx.messages().is_empty(), "nothing was published");
+    let rows = fx.rows();
+    assert!(rows.iter().all(|row| !row.published));
+    assert_eq!(
+        rows.iter().map(|row| row.attempts).collect::<Vec<_>>(),
+        [0, 1, 0]
+    );
+    // Rolled back: the rows are free, and a real run takes the same batch.
+    let run = fx.run(&["--batch-size", "2", "--json"]);
+    assert_eq!((run.code, run.field("published")), (0, 2), "{}", run.stderr);
+}

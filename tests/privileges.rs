@@ -1,0 +1,117 @@
+//! Least privilege: the roles of migrations/example_least_privilege_role.sql
+//! do their jobs and nothing more. Roles are cluster-wide, so each test
+//! creates its own (named after the process and the test) and drops it.
+
+mod common;
+
+use common::{Fixture, connect_db};
+
+const EXAMPLE: &str = include_str!("../migrations/example_least_privilege_role.sql");
+
+/// The example's roles, renamed for this test and granted on its table.
+struct Roles {
+    relay: String,
+    pruner: String,
+}
+
+impl Roles {
+    fn create(fx: &mut Fixture, test: &str) -> Roles {
+        let pid = std::process::id();
+        let roles = Roles {
+            relay: format!("outbox_relay_{pid}_{test}"),
+            pruner: format!("outbox_pruner_{pid}_{test}"),
+        };
+        roles.drop_roles();
+        let sql = EXAMPLE
+            .replace("outbox_relay", &roles.relay)
+            .replace("outbox_pruner", &roles.pruner)
+            .replace("SCHEMA public", &format!("SCHEMA \"{}\"", fx.schema))
+            .replace("\"outbox\"", &fx.quoted_table());
+        fx.db.batch_execute(&sql).expect("applying the example");
+        roles
+    }
+
+    fn url(role: &str) -> String {
+        let config: postgres::Config = common::database_url().parse().unwrap();
+        let dbname = config.get_dbname().unwrap_or("test");
+        let port = config.get_ports()[0];
+        format!("postgresql://{role}@127.0.0.1:{port}/{dbname}")
+    }
+
+    fn drop_roles(&self) {
+        let mut db = connect_db();
+        for role in [&self.relay, &self.pruner] {
+            let exists = db
+                .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[role])
+                .unwrap()
+                .is_some();
+            if exists {
+                db.batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
+                    .unwrap();
+            }
+        }
+    }
+}
+
+impl Drop for Roles {
+    fn drop(&mut self) {
+        self.drop_roles();
+    }
+}
+
+#[test]
+fn relay_role_polls_requeues_and_reads_status() {
+    let mut fx = Fixture::new("priv_relay");
+    let roles = Roles::create(&mut fx, "relay");
+    let url = Roles::url(&roles.relay);
+    let env = [("DATABASE_URL", url.as_str())];
+    fx.insert("e", 5);
+    fx.execute("UPDATE {table} SET attempts = 10 WHERE event_id = 'e-5'");
+
+    let run = fx.run_with(&env, &["--json"]);
+    assert_eq!((run.code, run.field("published")), (0, 4), "{}", run.stderr);
+    assert_eq!(fx.published_count(), 4);
+    assert_eq!(fx.messages().len(), 4);
+
+    let run = fx.run_with(&env, &["requeue", "--dead"]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, "requeued 1 event\n"));
+
+    let run = fx.run_with(&env, &["status", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.summary()["pending"], 1);
+}
+
+#[test]
+fn prune_without_delete_exits_78_naming_the_privilege() {
+    let mut fx = Fixture::new("priv_no_delete");
+    let roles = Roles::create(&mut fx, "nodelete");
+    fx.insert("e", 3);
+    fx.execute("UPDATE {table} SET published_at = now() - interval '8 days'");
+    let url = Roles::url(&roles.relay);
+    let run = fx.run_with(&[("DATABASE_URL", &url)], &["prune", "--older-than", "7d"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_eq!(run.stdout, "");
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr.starts_with(&format!(
+            "outbox-poll: error: prune needs the DELETE privilege on table {}",
+            fx.table
+        )),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(fx.rows().len(), 3, "nothing was deleted");
+}
+
+#[test]
+fn pruner_role_prunes() {
+    let mut fx = Fixture::new("priv_pruner");
+    let roles = Roles::create(&mut fx, "pruner");
+    fx.insert("e", 3);
+    fx.execute("UPDATE {table} SET published_at = now() - interval '8 days' WHERE id < 3");
+    let url = Roles::url(&roles.pruner);
+    let run = fx.run_with(&[("DATABASE_URL", &url)], &["prune", "--older-than", "7d"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.stdout, "deleted 2 published events older than 7d\n");
+    assert_eq!(fx.rows().len(), 1);
+}
