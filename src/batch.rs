@@ -99,6 +99,7 @@ pub fn run(
     }
     if poll.dry_run {
         print_events(&events)?;
+        totals.claimed += events.len() as u64;
         return Ok(Ended::DryRun); // dropping `tx` rolls back
     }
     if stop.requested().is_some() {

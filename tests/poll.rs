@@ -48,7 +48,7 @@ fn message_carries_the_contract_properties_and_the_stored_bytes() {
             .db
             .query_one(
                 &format!(
-                    "SELECT payload::text, extract(epoch FROM created_at)::bigint FROM {}",
+                    "SELECT payload::text, floor(extract(epoch FROM created_at))::bigint FROM {}",
                     fx.quoted_table()
                 ),
                 &[],
