@@ -14,6 +14,7 @@ mod publisher;
 mod stop;
 mod table;
 mod urls;
+mod watchdog;
 
 use std::process::ExitCode;
 

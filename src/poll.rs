@@ -1,7 +1,7 @@
 //! The default command: claim, publish, mark, commit; with --drain, batch
 //! after batch until nothing is due or a limit is reached.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
@@ -11,14 +11,29 @@ use crate::db;
 use crate::exit;
 use crate::outbox::Outbox;
 use crate::stop::Stop;
+use crate::watchdog::Watchdog;
+
+/// Added to every watchdog budget: the bounds it sums are the servers' and
+/// the driver's, and a run that is merely slow must not be taken for a hung
+/// one.
+const WATCHDOG_MARGIN: Duration = Duration::from_secs(5);
+/// Closing the broker connection is bounded in `Publisher::close`; this
+/// only catches a close that ignores its own bound.
+const CLOSE_BUDGET: Duration = Duration::from_secs(5);
 
 /// Runs the poll and returns its exit code. With --json the summary is
 /// printed whatever the outcome, configuration errors included.
 pub fn run(json: bool, settings: Result<(Database, Poll)>) -> Result<u8> {
     let started = Instant::now();
     let mut totals = Totals::default();
-    let result =
-        settings.and_then(|(database, poll)| drain(&database, &poll, &mut totals, started));
+    let result = settings.and_then(|(database, poll)| {
+        let watchdog = Watchdog::start(move |totals| {
+            if json {
+                print_summary(totals, started, exit::UNAVAILABLE);
+            }
+        })?;
+        drain(&database, &poll, &watchdog, &mut totals, started)
+    });
     if json {
         let code = match &result {
             Ok(code) => *code,
@@ -29,8 +44,19 @@ pub fn run(json: bool, settings: Result<(Database, Poll)>) -> Result<u8> {
     result
 }
 
-fn drain(database: &Database, poll: &Poll, totals: &mut Totals, started: Instant) -> Result<u8> {
+fn drain(
+    database: &Database,
+    poll: &Poll,
+    watchdog: &Watchdog,
+    totals: &mut Totals,
+    started: Instant,
+) -> Result<u8> {
     let stop = Stop::install()?;
+    watchdog.arm(
+        database.connect_timeout + db::STATEMENT_TIMEOUT + WATCHDOG_MARGIN,
+        "connecting to PostgreSQL",
+        *totals,
+    );
     let mut client = db::connect(
         &database.config,
         database.connect_timeout,
@@ -44,6 +70,7 @@ fn drain(database: &Database, poll: &Poll, totals: &mut Totals, started: Instant
     )?;
     let mut broker = Broker::new(poll.broker.clone());
     let result = loop {
+        watchdog.arm(batch_budget(poll), "the batch", *totals);
         match batch::run(&mut client, &outbox, poll, &mut broker, &stop, totals) {
             Ok(Ended::Settled) if poll.drain && !limit_reached(poll, totals, started) => {}
             Ok(_) => break Ok(()),
@@ -53,6 +80,7 @@ fn drain(database: &Database, poll: &Poll, totals: &mut Totals, started: Instant
             break Ok(());
         }
     };
+    watchdog.arm(CLOSE_BUDGET, "closing the broker connection", *totals);
     broker.close();
     result?;
     Ok(match stop.requested() {
@@ -60,6 +88,17 @@ fn drain(database: &Database, poll: &Poll, totals: &mut Totals, started: Instant
         None if totals.failed > 0 => exit::PARTIAL_FAILURE,
         None => exit::SUCCESS,
     })
+}
+
+/// Every bound a batch can meet, one after the other: connecting to the
+/// broker and opening its channel, the confirms, and the batch's SQL, which
+/// touches one batch of rows by primary key and so gets one statement's
+/// time in all (each statement is also bounded by the server).
+fn batch_budget(poll: &Poll) -> Duration {
+    2 * poll.broker.connect_timeout
+        + poll.broker.confirm_timeout
+        + db::STATEMENT_TIMEOUT
+        + WATCHDOG_MARGIN
 }
 
 /// No new batch starts once --max-batches or --max-duration is reached;
