@@ -383,6 +383,61 @@ impl Amqp {
         });
     }
 
+    /// A durable queue with arguments (x-max-length and the like), unbound.
+    pub fn declare_queue(&self, queue: &str, arguments: FieldTable) {
+        self.runtime.block_on(async {
+            self.channel
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    arguments,
+                )
+                .await
+                .unwrap();
+        });
+    }
+
+    pub fn bind(&self, queue: &str, exchange: &str, binding: &str) {
+        self.runtime.block_on(async {
+            self.channel
+                .queue_bind(
+                    queue.into(),
+                    exchange.into(),
+                    binding.into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        });
+    }
+
+    pub fn unbind(&self, queue: &str, exchange: &str, binding: &str) {
+        self.runtime.block_on(async {
+            self.channel
+                .queue_unbind(
+                    queue.into(),
+                    exchange.into(),
+                    binding.into(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        });
+    }
+
+    pub fn delete_queue(&self, queue: &str) {
+        self.runtime.block_on(async {
+            let _ = self
+                .channel
+                .queue_delete(queue.into(), QueueDeleteOptions::default())
+                .await;
+        });
+    }
+
     pub fn delete_exchange(&self, exchange: &str) {
         self.runtime.block_on(async {
             self.channel

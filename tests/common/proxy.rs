@@ -14,6 +14,9 @@ use std::time::Duration;
 struct State {
     connections: AtomicUsize,
     stalled: AtomicBool,
+    /// Bumped by every cut: a pump from an older generation stops, even if
+    /// it is stalled and so not reading its socket.
+    generation: AtomicU64,
     /// Bytes of each connection's client-to-server stream let through
     /// before that direction stalls; u64::MAX means no limit.
     upstream_limit: AtomicU64,
@@ -67,6 +70,7 @@ impl Proxy {
 
     /// Closes every open connection at once, like a broker or network dying.
     pub fn cut(&self) {
+        self.state.generation.fetch_add(1, Ordering::SeqCst);
         for socket in self.state.sockets.lock().unwrap().drain(..) {
             let _ = socket.shutdown(Shutdown::Both);
         }
@@ -77,8 +81,16 @@ impl Proxy {
         self.state.stalled.store(true, Ordering::SeqCst);
     }
 
+    /// Lets bytes move again, lifting stall() and stall_upstream_after().
     pub fn resume(&self) {
+        self.state.upstream_limit.store(u64::MAX, Ordering::SeqCst);
         self.state.stalled.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits until the client has sent at least `bytes` (for example: until
+    /// a stall_upstream_after(bytes) holds the run mid-batch).
+    pub fn wait_for_upstream(&self, bytes: u64, limit: Duration) -> bool {
+        super::wait_until(limit, || self.upstream_bytes() >= bytes)
     }
 
     /// Each connection passes only its first `bytes` client bytes on, then
@@ -107,7 +119,12 @@ fn connect_pumps(client: TcpStream, server: TcpStream, state: &Arc<State>) {
 fn pump(mut from: TcpStream, mut to: TcpStream, state: &State, upstream: bool) {
     let mut buffer = [0u8; 16 * 1024];
     let mut sent: u64 = 0;
+    let generation = state.generation.load(Ordering::SeqCst);
+    let cut = || state.generation.load(Ordering::SeqCst) != generation;
     loop {
+        if cut() {
+            break;
+        }
         let allowed = if upstream {
             state
                 .upstream_limit
@@ -127,7 +144,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, state: &State, upstream: bool) {
             Ok(0) | Err(_) => break,
             Ok(read) => read,
         };
-        while state.stalled.load(Ordering::SeqCst) {
+        while state.stalled.load(Ordering::SeqCst) && !cut() {
             thread::sleep(Duration::from_millis(5));
         }
         if to.write_all(&buffer[..read]).is_err() {
