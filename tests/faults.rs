@@ -546,13 +546,6 @@ impl Drop for ExtraQueue {
     }
 }
 
-/// The fixture's queue then gets only `ok.*` events; anything else is
-/// unroutable unless the test binds it elsewhere.
-fn route_only_ok(fx: &Fixture) {
-    fx.amqp.unbind(&fx.queue, &fx.exchange, "#");
-    fx.amqp.bind(&fx.queue, &fx.exchange, "ok.#");
-}
-
 fn insert_around(fx: &mut Fixture, poison_id: &str, poison_type: &str) {
     for n in 1..=3 {
         fx.insert_event(&format!("ok-{n}"), "ok.created", r#"{"n": 1}"#);
@@ -590,7 +583,7 @@ fn assert_only_poison_failed(fx: &mut Fixture, poison_id: &str, reason: &str) {
 #[test]
 fn nacked_event_counts_against_itself_only_and_is_dead_after_max_attempts() {
     let mut fx = Fixture::new("poison_nack");
-    route_only_ok(&fx);
+    fx.route_only("ok.#");
     let mut arguments = FieldTable::default();
     arguments.insert(ShortString::from("x-max-length"), AMQPValue::LongInt(0));
     arguments.insert(
@@ -624,7 +617,7 @@ fn nacked_event_counts_against_itself_only_and_is_dead_after_max_attempts() {
 #[test]
 fn unroutable_event_counts_against_itself_only_and_backs_off_exponentially() {
     let mut fx = Fixture::new("poison_unroutable");
-    route_only_ok(&fx);
+    fx.route_only("ok.#");
     insert_around(&mut fx, "lost-1", "nowhere.created");
 
     let run = fx.run(&["--json"]);

@@ -277,6 +277,13 @@ impl Fixture {
             .collect()
     }
 
+    /// Binds the fixture's queue with `binding` instead of `#`: events of
+    /// other types become unroutable.
+    pub fn route_only(&self, binding: &str) {
+        self.amqp.unbind(&self.queue, &self.exchange, "#");
+        self.amqp.bind(&self.queue, &self.exchange, binding);
+    }
+
     pub fn published_count(&mut self) -> usize {
         self.rows().iter().filter(|row| row.published).count()
     }

@@ -1,0 +1,146 @@
+//! --ordered: one active publisher per table, strict id order, and a batch
+//! that stops at its first failure, so no consumer ever sees an event
+//! before one that precedes it.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::proxy::Proxy;
+use common::{Fixture, Row, amqp_addr, amqp_url_via, connect_db};
+
+fn ids(fx: &Fixture) -> Vec<String> {
+    fx.messages().into_iter().map(|m| m.message_id).collect()
+}
+
+fn row<'r>(rows: &'r [Row], event_id: &str) -> &'r Row {
+    rows.iter().find(|row| row.event_id == event_id).unwrap()
+}
+
+fn untouched(row: &Row) -> bool {
+    !row.published && row.attempts == 0 && row.last_error.is_none()
+}
+
+#[test]
+fn ordered_run_that_finds_the_lock_taken_exits_0_at_once() {
+    let mut fx = Fixture::new("ordered_lock");
+    fx.insert("e", 5);
+    let broker = Proxy::start(amqp_addr());
+    let env = [("AMQP_URL", amqp_url_via(broker.port()))];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+
+    // Another run, as far as outbox-poll can tell: the same lock, held by a
+    // transaction that stays open for the rest of the test.
+    let mut other = connect_db();
+    let mut tx = other.transaction().unwrap();
+    let sql = format!(
+        "SELECT pg_try_advisory_xact_lock(2052318419, '{}'::regclass::oid::int)",
+        fx.quoted_table().replace('\'', "''")
+    );
+    let taken: bool = tx.query_one(&sql, &[]).unwrap().get(0);
+    assert!(taken);
+
+    let since = Instant::now();
+    let run = fx.run_with(&env, &["--ordered", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(since.elapsed() < Duration::from_secs(5), "it waited");
+    assert_eq!((run.field("claimed"), run.field("published")), (0, 0));
+    assert_eq!(broker.connections(), 0, "the broker was never needed");
+    assert!(fx.rows().iter().all(untouched));
+    tx.rollback().unwrap(); // the other run ends: the next one publishes
+
+    let run = fx.run_with(&env, &["--ordered", "--json"]);
+    assert_eq!((run.code, run.field("published")), (0, 5), "{}", run.stderr);
+    assert_eq!(ids(&fx), ["e-1", "e-2", "e-3", "e-4", "e-5"]);
+}
+
+#[test]
+fn ordered_run_publishes_in_strict_id_order() {
+    let mut fx = Fixture::new("ordered_order");
+    // Names that sort otherwise than the ids, so only id order passes.
+    let names: Vec<String> = (0..30).map(|n| format!("evt-{}", (n * 7) % 30)).collect();
+    for name in &names {
+        fx.insert_event(name, "order.created", "{}");
+    }
+    let run = fx.run(&["--ordered", "--drain", "--batch-size", "8", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("batches")), (30, 4));
+    assert_eq!(ids(&fx), names, "every event once, in id order");
+}
+
+/// ok-1, ok-2, then an unroutable event, then ok-4, ok-5.
+fn stream_with_unroutable_third(fx: &mut Fixture) {
+    fx.route_only("ok.#");
+    fx.insert_event("ok-1", "ok.created", "{}");
+    fx.insert_event("ok-2", "ok.created", "{}");
+    fx.insert_event("bad-3", "nowhere.created", "{}");
+    fx.insert_event("ok-4", "ok.created", "{}");
+    fx.insert_event("ok-5", "ok.created", "{}");
+}
+
+#[test]
+fn ordered_batch_stops_at_its_first_failure_and_publishes_nothing_after_it() {
+    let mut fx = Fixture::new("ordered_stop");
+    stream_with_unroutable_third(&mut fx);
+
+    let run = fx.run(&["--ordered", "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("failed")), (2, 1));
+    let rows = fx.rows();
+    assert!(row(&rows, "ok-1").published && row(&rows, "ok-2").published);
+    assert_eq!(row(&rows, "bad-3").attempts, 1);
+    assert!(untouched(row(&rows, "ok-4")) && untouched(row(&rows, "ok-5")));
+    assert_eq!(ids(&fx), ["ok-1", "ok-2"], "nothing after the failure");
+
+    // While the head event backs off, nothing behind it may overtake it.
+    let run = fx.run(&["--ordered", "--json"]);
+    assert_eq!((run.code, run.field("claimed")), (0, 0), "{}", run.stderr);
+    assert!(fx.messages().is_empty());
+    let rows = fx.rows();
+    assert!(untouched(row(&rows, "ok-4")) && untouched(row(&rows, "ok-5")));
+}
+
+#[test]
+fn dead_head_event_no_longer_blocks_the_ordered_stream() {
+    let mut fx = Fixture::new("ordered_dead");
+    stream_with_unroutable_third(&mut fx);
+    let run = fx.run(&["--ordered", "--max-attempts", "1"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(ids(&fx), ["ok-1", "ok-2"]);
+
+    let run = fx.run(&["--ordered", "--max-attempts", "1", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!((run.field("claimed"), run.field("published")), (2, 2));
+    assert_eq!(ids(&fx), ["ok-4", "ok-5"]);
+    let rows = fx.rows();
+    let dead = row(&rows, "bad-3");
+    assert_eq!((dead.published, dead.attempts), (false, 1));
+}
+
+#[test]
+fn ordered_channel_error_fails_that_event_only_and_stops_the_batch() {
+    let mut fx = Fixture::new("ordered_channel_error");
+    fx.insert_event("ok-1", "ok.created", "{}");
+    // Over RabbitMQ's default max_message_size: the broker closes the channel.
+    fx.execute(
+        "INSERT INTO {table} (event_id, event_type, payload) \
+         VALUES ('big-2', 'ok.created', jsonb_build_object('blob', repeat('x', 135000000)))",
+    );
+    fx.insert_event("ok-3", "ok.created", "{}");
+
+    let run = fx.run(&["--ordered", "--max-attempts", "1", "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("failed")), (1, 1));
+    let rows = fx.rows();
+    let big = row(&rows, "big-2");
+    assert_eq!(big.attempts, 1);
+    let error = big.last_error.as_deref().unwrap_or_default();
+    assert!(error.contains("closed the channel"), "{error}");
+    assert!(untouched(row(&rows, "ok-3")));
+    assert_eq!(ids(&fx), ["ok-1"]);
+
+    // Dead now, it blocks nothing: the next run goes on from ok-3.
+    let run = fx.run(&["--ordered", "--max-attempts", "1", "--json"]);
+    assert_eq!((run.code, run.field("published")), (0, 1), "{}", run.stderr);
+    assert_eq!(ids(&fx), ["ok-3"]);
+}
