@@ -68,8 +68,9 @@ impl Poll {
         }
         // While we wait for the broker the transaction is idle; it must
         // outlive the longest legitimate wait, or the server would end it
-        // between publishing and marking.
-        database.idle_limit = IDLE_MARGIN + database.connect_timeout + args.confirm_timeout;
+        // between publishing and marking. That wait is the broker connect
+        // and its channel (--connect-timeout each), then the confirms.
+        database.idle_limit = IDLE_MARGIN + 2 * database.connect_timeout + args.confirm_timeout;
         Ok(Poll {
             broker: BrokerConfig {
                 uri,
