@@ -490,7 +490,7 @@ fn sigterm_during_a_drain_finishes_the_batch_starts_no_other_and_exits_143() {
 }
 
 #[test]
-fn sigint_before_publishing_rolls_back_and_exits_130() {
+fn sigint_during_a_drain_before_publishing_rolls_back_and_exits_130() {
     let mut fx = Fixture::new("sigint");
     fx.insert("e", 10);
     let db = Proxy::start(database_addr());
@@ -498,7 +498,18 @@ fn sigint_before_publishing_rolls_back_and_exits_130() {
     db.stall(); // holds the run in its PostgreSQL connect
     let env = env_via(Some(&broker), Some(&db));
     let since = Instant::now();
-    let child = spawn(&fx, &env, &["--connect-timeout", "30s", "--json"]);
+    let child = spawn(
+        &fx,
+        &env,
+        &[
+            "--drain",
+            "--batch-size",
+            "5",
+            "--connect-timeout",
+            "30s",
+            "--json",
+        ],
+    );
     assert!(wait_until(NO_HANG, || db.connections() == 1));
     sleep(Duration::from_millis(200));
     signal(&child, "-INT");
@@ -507,7 +518,7 @@ fn sigint_before_publishing_rolls_back_and_exits_130() {
     let done = finish(child, since);
     assert_eq!(done.code, 130, "{}", done.stderr);
     assert!(done.took < NO_HANG, "took {:?}", done.took);
-    assert_eq!(done.field("published"), 0);
+    assert_eq!((done.field("published"), done.field("batches")), (0, 0));
     assert_eq!(broker.connections(), 0, "nothing was published");
     let rows = fx.rows();
     assert!(rows.iter().all(|row| !row.published));
