@@ -305,7 +305,10 @@ fn postgres_silent_at_connect_exits_69_within_the_connect_timeout() {
     let db = Proxy::start(database_addr());
     let broker = Proxy::start(amqp_addr());
     db.stall(); // accepts TCP, never answers the startup
-    let env = env_via(Some(&broker), Some(&db));
+    let mut env = env_via(Some(&broker), None);
+    // With a password, which no message may show.
+    let url = database_url_via(db.port()).replacen('@', ":sekrit@", 1);
+    env.push(("DATABASE_URL", url));
     let done = run(&fx, &env, &["--connect-timeout", "2s", "--json"]);
     assert_eq!(done.code, 69, "{}", done.stderr);
     assert!(
@@ -315,6 +318,7 @@ fn postgres_silent_at_connect_exits_69_within_the_connect_timeout() {
     );
     assert!(done.stderr.contains("PostgreSQL"), "{}", done.stderr);
     assert!(done.stderr.contains("--connect-timeout"), "{}", done.stderr);
+    assert!(!done.stderr.contains("sekrit"), "{}", done.stderr);
     assert_eq!(done.field("exit_code"), 69);
     assert_eq!(broker.connections(), 0);
     assert_untouched(&fx.rows());
