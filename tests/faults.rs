@@ -13,7 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::proxy::Proxy;
+use common::proxy::{Direction, Proxy};
 use common::{
     Amqp, Fixture, Row, amqp_addr, amqp_url_via, database_addr, database_url_via, wait_until,
 };
@@ -220,7 +220,9 @@ fn broker_cut_mid_batch_marks_only_confirmed_events_and_a_rerun_delivers_the_res
         &["--batch-size", "400", "--confirm-timeout", "60s", "--json"],
     );
     assert!(broker.wait_for_upstream(STALL_AT, NO_HANG));
-    sleep(Duration::from_millis(500)); // the confirms of what got through come back
+    // What got through is queued, and its confirms are on their way back.
+    assert!(wait_until(NO_HANG, || fx.amqp.queue_length(&fx.queue) > 0));
+    sleep(Duration::from_millis(500));
     broker.cut();
     let done = finish(child, since);
     assert_eq!(done.code, 69, "{}", done.stderr);
@@ -365,6 +367,34 @@ fn postgres_cut_while_publishing_exits_69_and_the_rerun_delivers_everything() {
     // The broker had these before the cut; we could not record it, so the
     // rerun sends them again: the one duplicate this fault must produce.
     assert!(ledger.duplicated().len() <= sent_before);
+}
+
+#[test]
+fn postgres_cut_during_the_claim_exits_69_and_cannot_duplicate() {
+    let mut fx = Fixture::new("pg_cut_claim");
+    fx.insert("e", 2000); // a claim answer of some 500 kB
+    let db = Proxy::start(database_addr());
+    let broker = Proxy::start(amqp_addr());
+    // Past the startup and the prepared statements, inside the claim's rows.
+    db.cut_after(Direction::Downstream, 100_000);
+    let env = env_via(Some(&broker), Some(&db));
+    let done = run(&fx, &env, &["--batch-size", "2000", "--json"]);
+    assert_eq!(done.code, 69, "{}", done.stderr);
+    assert!(done.took < NO_HANG, "took {:?}", done.took);
+    assert!(done.stderr.contains("claiming"), "{}", done.stderr);
+    assert_eq!(done.field("claimed"), 0);
+    assert_eq!(broker.connections(), 0, "nothing was sent");
+    assert_untouched(&fx.rows());
+    assert!(fx.messages().is_empty());
+
+    assert!(
+        drain_directly(&mut fx, NO_HANG),
+        "the rerun did not deliver"
+    );
+    let mut ledger = Ledger::default();
+    ledger.collect(&fx);
+    assert_eq!(ledger.lost(&fx.rows()), Vec::<String>::new(), "lost events");
+    assert_eq!(ledger.duplicated(), Vec::<String>::new());
 }
 
 #[test]

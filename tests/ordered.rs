@@ -171,6 +171,10 @@ fn ordered_broker_cut_leaves_a_published_prefix_and_the_rerun_continues_in_order
     assert!(common::wait_until(Duration::from_secs(15), || {
         broker.upstream_bytes() >= 20_000
     }));
+    // What got through is queued, and its confirms are on their way back.
+    assert!(common::wait_until(Duration::from_secs(15), || {
+        fx.amqp.queue_length(&fx.queue) > 0
+    }));
     sleep(Duration::from_millis(500));
     broker.cut();
     let output = child.wait_with_output().unwrap();
