@@ -68,7 +68,9 @@ pub fn connect(
             )
         }),
         None => Err(exit::outage(anyhow!(
-            "{what}: no answer within {} (--connect-timeout); the server accepted the              connection but did not complete the startup: check that it is up and not              overloaded, and that DATABASE_URL (or PGHOST etc.) is right",
+            "{what}: no answer within {} (--connect-timeout); the server accepted the \
+             connection but did not complete the startup: check that it is up and not \
+             overloaded, and that DATABASE_URL (or PGHOST etc.) is right",
             humantime::format_duration(connect_timeout)
         ))),
     }
