@@ -119,6 +119,20 @@ impl Done {
     }
 }
 
+/// Exit 69 with one clear line on stderr: no panic, no backtrace, no
+/// library noise.
+fn assert_outage(done: &Done) {
+    assert_eq!(done.code, 69, "{}", done.stderr);
+    let lines: Vec<&str> = done.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line on stderr: {}", done.stderr);
+    assert!(lines[0].starts_with("outbox-poll: error: "), "{}", lines[0]);
+    assert!(
+        !lines[0].contains("  "),
+        "a broken-up message: {}",
+        lines[0]
+    );
+}
+
 fn run(fx: &Fixture, env: &[(&'static str, String)], args: &[&str]) -> Done {
     let since = Instant::now();
     let output = command(fx, env, args)
@@ -225,7 +239,7 @@ fn broker_cut_mid_batch_marks_only_confirmed_events_and_a_rerun_delivers_the_res
     sleep(Duration::from_millis(500));
     broker.cut();
     let done = finish(child, since);
-    assert_eq!(done.code, 69, "{}", done.stderr);
+    assert_outage(&done);
     assert!(done.took < NO_HANG, "took {:?}", done.took);
     assert!(done.stderr.contains("RabbitMQ"), "{}", done.stderr);
     assert_eq!(done.field("exit_code"), 69);
@@ -244,7 +258,7 @@ fn broker_stall_mid_batch_exits_69_soon_after_the_confirm_timeout_and_loses_noth
         &env,
         &["--batch-size", "400", "--confirm-timeout", "2s", "--json"],
     );
-    assert_eq!(done.code, 69, "{}", done.stderr);
+    assert_outage(&done);
     assert!(
         done.took < NO_HANG,
         "--confirm-timeout 2s took {:?}",
@@ -264,7 +278,7 @@ fn broker_refusing_connections_at_start_exits_69_and_touches_no_row() {
     }; // closed again: connecting to it is refused
     let env = [("AMQP_URL", amqp_url_via(port))];
     let done = run(&fx, &env, &["--connect-timeout", "2s"]);
-    assert_eq!(done.code, 69, "{}", done.stderr);
+    assert_outage(&done);
     assert!(done.took < NO_HANG, "took {:?}", done.took);
     assert!(done.stderr.contains("RabbitMQ"), "{}", done.stderr);
     assert!(!done.stderr.contains("guest:guest"), "{}", done.stderr);
@@ -282,7 +296,7 @@ fn broker_accepting_but_silent_at_start_exits_69_within_the_connect_timeout() {
     broker.stall();
     let env = env_via(Some(&broker), None);
     let done = run(&fx, &env, &["--connect-timeout", "2s"]);
-    assert_eq!(done.code, 69, "{}", done.stderr);
+    assert_outage(&done);
     assert!(
         done.took < NO_HANG,
         "--connect-timeout 2s took {:?}",
@@ -312,7 +326,7 @@ fn postgres_silent_at_connect_exits_69_within_the_connect_timeout() {
     let url = database_url_via(db.port()).replacen('@', ":sekrit@", 1);
     env.push(("DATABASE_URL", url));
     let done = run(&fx, &env, &["--connect-timeout", "2s", "--json"]);
-    assert_eq!(done.code, 69, "{}", done.stderr);
+    assert_outage(&done);
     assert!(
         done.took < NO_HANG,
         "--connect-timeout 2s took {:?}",
@@ -340,7 +354,7 @@ fn postgres_cut_while_publishing_exits_69_and_the_rerun_delivers_everything() {
     db.cut();
     broker.resume(); // the confirms come back; marking them cannot
     let done = finish(child, since);
-    assert_eq!(done.code, 69, "{}", done.stderr);
+    assert_outage(&done);
     assert!(done.took < NO_HANG, "took {:?}", done.took);
     assert!(done.stderr.contains("PostgreSQL") || done.stderr.contains("table"));
     assert_eq!(done.field("published"), 0);
@@ -379,7 +393,7 @@ fn postgres_cut_during_the_claim_exits_69_and_cannot_duplicate() {
     db.cut_after(Direction::Downstream, 100_000);
     let env = env_via(Some(&broker), Some(&db));
     let done = run(&fx, &env, &["--batch-size", "2000", "--json"]);
-    assert_eq!(done.code, 69, "{}", done.stderr);
+    assert_outage(&done);
     assert!(done.took < NO_HANG, "took {:?}", done.took);
     assert!(done.stderr.contains("claiming"), "{}", done.stderr);
     assert_eq!(done.field("claimed"), 0);
@@ -423,7 +437,7 @@ fn postgres_stall_while_publishing_is_ended_by_the_watchdog_and_frees_the_rows()
     db.stall(); // sockets open, nothing moves: the driver alone would wait for ever
     broker.resume();
     let done = finish(child, since);
-    assert_eq!(done.code, 69, "{}", done.stderr);
+    assert_outage(&done);
     // The batch's budget is 2 x 1 s + 2 s + 30 s statement + 5 s margin.
     assert!(done.took < Duration::from_secs(90), "took {:?}", done.took);
     assert!(
