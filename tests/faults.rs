@@ -269,6 +269,34 @@ fn broker_stall_mid_batch_exits_69_soon_after_the_confirm_timeout_and_loses_noth
 }
 
 #[test]
+fn broker_black_hole_after_connect_exits_69_soon_after_the_confirm_timeout() {
+    let mut fx = Fixture::new("broker_black_hole");
+    fx.insert("e", 400);
+    let broker = Proxy::start(amqp_addr());
+    broker.stall_upstream_after(STALL_AT);
+    let env = env_via(Some(&broker), None);
+    let since = Instant::now();
+    let child = spawn(
+        &fx,
+        &env,
+        &["--batch-size", "400", "--confirm-timeout", "3s", "--json"],
+    );
+    assert!(broker.wait_for_upstream(STALL_AT, NO_HANG));
+    assert!(wait_until(NO_HANG, || fx.amqp.queue_length(&fx.queue) > 0));
+    sleep(Duration::from_millis(300));
+    broker.stall(); // nothing moves either way, every socket stays open
+    let done = finish(child, since);
+    assert_outage(&done);
+    assert!(
+        done.took < NO_HANG,
+        "--confirm-timeout 3s took {:?}",
+        done.took
+    );
+    assert!(done.stderr.contains("--confirm-timeout"), "{}", done.stderr);
+    assert_broker_fault_lost_nothing(&mut fx, &done);
+}
+
+#[test]
 fn broker_refusing_connections_at_start_exits_69_and_touches_no_row() {
     let mut fx = Fixture::new("broker_refused");
     fx.insert("e", 5);
@@ -700,6 +728,13 @@ fn unroutable_event_counts_against_itself_only_and_backs_off_exponentially() {
         poison.due_in_s
     );
     assert!(fx.messages().is_empty(), "nothing was re-sent");
+
+    // Far along, the wait is capped at an hour (times the jitter).
+    fx.execute("UPDATE {table} SET available_at = now(), attempts = 20");
+    let run = fx.run(&["--max-attempts", "30"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let due = row(&fx.rows(), "lost-1").due_in_s;
+    assert!((1790.0..=3600.0).contains(&due), "capped backoff {due} s");
 }
 
 #[test]
