@@ -54,7 +54,7 @@ fn drain(
     let stop = Stop::install()?;
     watchdog.arm(
         database.connect_timeout + db::STATEMENT_TIMEOUT + WATCHDOG_MARGIN,
-        "connecting to PostgreSQL",
+        "connecting to PostgreSQL and preparing the queries",
         *totals,
     );
     let mut client = db::connect(
