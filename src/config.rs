@@ -70,9 +70,8 @@ impl Poll {
         }
         // While we wait for the broker the transaction is idle; it must
         // outlive the longest legitimate wait, or the server would end it
-        // between publishing and marking.
-        // Connecting takes up to two connect timeouts (the connection, then
-        // the channel with its exchange check).
+        // between publishing and marking. That wait is the broker connect
+        // and its channel (--connect-timeout each), then the confirms.
         database.idle_limit = IDLE_MARGIN + 2 * database.connect_timeout + args.confirm_timeout;
         Ok(Poll {
             broker: BrokerConfig {

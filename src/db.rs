@@ -2,9 +2,11 @@
 //! the driver's errors into one readable line of the right kind.
 
 use std::error::Error as _;
+use std::sync::mpsc;
+use std::thread;
 use std::time::Duration;
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context, Result, anyhow};
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 
@@ -15,7 +17,7 @@ use crate::urls::describe_database;
 /// How long one statement may run. The claim and the marks touch at most one
 /// batch of rows by primary key, so anything slower is a sick server, and
 /// waiting on it would only hold row locks longer.
-const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to queue for a lock. The claim never waits (SKIP LOCKED); this
 /// bounds `migrate` and the advisory locks, so a run never sits behind a
 /// long transaction while others queue behind it.
@@ -53,17 +55,53 @@ pub fn connect(
         .options(&options)
         .application_name("outbox-poll")
         .connect_timeout(connect_timeout);
-    config.connect(NoTls).map_err(|error| {
-        let what = format!(
-            "cannot connect to PostgreSQL at {}",
-            describe_database(&config)
-        );
-        classify(
-            &error,
-            &what,
-            "check that the server is up and DATABASE_URL (or PGHOST etc.) is right",
-        )
-    })
+    let what = format!(
+        "cannot connect to PostgreSQL at {}",
+        describe_database(&config)
+    );
+    match connect_within(config, connect_timeout)? {
+        Some(result) => result.map_err(|error| {
+            classify(
+                &error,
+                &what,
+                "check that the server is up and DATABASE_URL (or PGHOST etc.) is right",
+            )
+        }),
+        None => Err(exit::outage(anyhow!(
+            "{what}: no answer within {} (--connect-timeout); the server accepted the \
+             connection but did not complete the startup: check that it is up and not \
+             overloaded, and that DATABASE_URL (or PGHOST etc.) is right",
+            humantime::format_duration(connect_timeout)
+        ))),
+    }
+}
+
+/// Connects on a thread of its own and waits at most `limit` for it.
+///
+/// The driver's connect_timeout bounds only the TCP connect: a server (or a
+/// proxy, or a half-dead network) that accepts the connection and then says
+/// nothing would keep the startup waiting for ever. None means it did not
+/// finish in time; the thread is left behind with its socket, and goes when
+/// the process exits, which it is about to do.
+fn connect_within(
+    config: postgres::Config,
+    limit: Duration,
+) -> Result<Option<Result<Client, postgres::Error>>> {
+    let (sender, receiver) = mpsc::channel();
+    thread::Builder::new()
+        .name("pg-connect".into())
+        .spawn(move || {
+            // The receiver is gone only if we gave up waiting.
+            let _ = sender.send(config.connect(NoTls));
+        })
+        .context("starting the PostgreSQL connect thread")?;
+    match receiver.recv_timeout(limit) {
+        Ok(result) => Ok(Some(result)),
+        Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
+        Err(mpsc::RecvTimeoutError::Disconnected) => Err(exit::outage(anyhow!(
+            "the PostgreSQL connect thread ended without an answer"
+        ))),
+    }
 }
 
 /// Wraps a driver error as an outage or a configuration problem, with

@@ -20,6 +20,7 @@ mod status;
 mod stop;
 mod table;
 mod urls;
+mod watchdog;
 
 use std::process::ExitCode;
 

@@ -175,10 +175,14 @@ fn mark_published_sql(table: &str) -> String {
     format!("UPDATE {table} SET published_at = now() WHERE id = ANY($1::bigint[])")
 }
 
+/// The backoff counts from the failure, clock_timestamp(), not from now(),
+/// which is the start of the transaction: a batch that took longer to
+/// publish than the first backoff step would otherwise commit a retry time
+/// already in the past.
 fn mark_failed_sql(table: &str) -> String {
     format!(
         "UPDATE {table} AS o SET attempts = o.attempts + 1, last_error = f.error, \
-           available_at = now() + make_interval(secs => \
+           available_at = clock_timestamp() + make_interval(secs => \
              least($4::float8, $3::float8 * power(2, least(o.attempts, 30))) \
              * (0.5 + random() / 2)) \
          FROM unnest($1::bigint[], $2::text[]) AS f(id, error) \

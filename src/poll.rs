@@ -1,7 +1,7 @@
 //! The default command: claim, publish, mark, commit; with --drain, batch
 //! after batch until nothing is due or a limit is reached.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
@@ -13,6 +13,15 @@ use crate::metrics;
 use crate::outbox::Outbox;
 use crate::progress::Progress;
 use crate::stop::Stop;
+use crate::watchdog::Watchdog;
+
+/// Added to every watchdog budget: the bounds it sums are the servers' and
+/// the driver's, and a run that is merely slow must not be taken for a hung
+/// one.
+const WATCHDOG_MARGIN: Duration = Duration::from_secs(5);
+/// Closing the broker connection is bounded in `Publisher::close`; this
+/// only catches a close that ignores its own bound.
+const CLOSE_BUDGET: Duration = Duration::from_secs(5);
 
 /// Runs the poll and returns its exit code. With --json the summary is
 /// printed whatever the outcome, configuration errors included.
@@ -20,7 +29,17 @@ pub fn run(json: bool, settings: Result<(Database, Poll)>) -> Result<u8> {
     let started = Instant::now();
     let mut totals = Totals::default();
     let result = settings.and_then(|(database, poll)| {
-        let result = drain(&database, &poll, &mut totals, started);
+        let watchdog = Watchdog::start(move |totals| {
+            if json {
+                print_summary(totals, started, exit::UNAVAILABLE);
+            }
+        })?;
+        let result = drain(&database, &poll, &watchdog, &mut totals, started);
+        watchdog.arm(
+            database.connect_timeout + db::STATEMENT_TIMEOUT + WATCHDOG_MARGIN,
+            "writing the metrics file",
+            totals,
+        );
         metrics::after_run(&database, &poll, &totals, started, result)
     });
     if json {
@@ -33,8 +52,19 @@ pub fn run(json: bool, settings: Result<(Database, Poll)>) -> Result<u8> {
     result
 }
 
-fn drain(database: &Database, poll: &Poll, totals: &mut Totals, started: Instant) -> Result<u8> {
+fn drain(
+    database: &Database,
+    poll: &Poll,
+    watchdog: &Watchdog,
+    totals: &mut Totals,
+    started: Instant,
+) -> Result<u8> {
     let stop = Stop::install()?;
+    watchdog.arm(
+        database.connect_timeout + db::STATEMENT_TIMEOUT + WATCHDOG_MARGIN,
+        "connecting to PostgreSQL and preparing the queries",
+        *totals,
+    );
     let mut client = db::connect(
         &database.config,
         database.connect_timeout,
@@ -49,6 +79,7 @@ fn drain(database: &Database, poll: &Poll, totals: &mut Totals, started: Instant
     let mut broker = Broker::new(poll.broker.clone());
     let mut progress = Progress::start(&mut client, database, poll);
     let result = loop {
+        watchdog.arm(batch_budget(poll), "the batch", *totals);
         match batch::run(&mut client, &outbox, poll, &mut broker, &stop, totals) {
             Ok(Ended::Settled) if poll.drain && !limit_reached(poll, totals, started) => {}
             Ok(_) => break Ok(()),
@@ -60,6 +91,7 @@ fn drain(database: &Database, poll: &Poll, totals: &mut Totals, started: Instant
         }
     };
     progress.finish(totals);
+    watchdog.arm(CLOSE_BUDGET, "closing the broker connection", *totals);
     broker.close();
     result?;
     Ok(match stop.requested() {
@@ -67,6 +99,17 @@ fn drain(database: &Database, poll: &Poll, totals: &mut Totals, started: Instant
         None if totals.failed > 0 => exit::PARTIAL_FAILURE,
         None => exit::SUCCESS,
     })
+}
+
+/// Every bound a batch can meet, one after the other: connecting to the
+/// broker and opening its channel, the confirms, and the batch's SQL, which
+/// touches one batch of rows by primary key and so gets one statement's
+/// time in all (each statement is also bounded by the server).
+fn batch_budget(poll: &Poll) -> Duration {
+    2 * poll.broker.connect_timeout
+        + poll.broker.confirm_timeout
+        + db::STATEMENT_TIMEOUT
+        + WATCHDOG_MARGIN
 }
 
 /// No new batch starts once --max-batches or --max-duration is reached;

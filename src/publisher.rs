@@ -201,12 +201,16 @@ impl Publisher {
         let _ = self
             .runtime
             .block_on(async { timeout(CLOSE_TIMEOUT, connection.close(200, "bye".into())).await });
+        // Dropping the runtime would wait for its tasks, and after an outage
+        // a task may still be stuck on a dead socket.
+        self.runtime.shutdown_background();
     }
 
     fn reopen_channel(&mut self, deadline: Instant) -> Result<()> {
+        // The timer must be made inside the runtime: tokio's timeout_at
+        // panics when called outside one, so it goes in the async block.
         let channel = self
             .runtime
-            // The timer must be made inside the runtime: tokio panics otherwise.
             .block_on(async {
                 timeout_at(deadline, open_channel(&self.connection, &self.config)).await
             })

@@ -298,6 +298,13 @@ impl Fixture {
             .get(0)
     }
 
+    /// Binds the fixture's queue with `binding` instead of `#`: events of
+    /// other types become unroutable.
+    pub fn route_only(&self, binding: &str) {
+        self.amqp.unbind(&self.queue, &self.exchange, "#");
+        self.amqp.bind(&self.queue, &self.exchange, binding);
+    }
+
     pub fn published_count(&mut self) -> usize {
         self.rows().iter().filter(|row| row.published).count()
     }
@@ -421,6 +428,61 @@ impl Amqp {
             let _ = self
                 .channel
                 .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+                .await;
+        });
+    }
+
+    /// A durable queue with arguments (x-max-length and the like), unbound.
+    pub fn declare_queue(&self, queue: &str, arguments: FieldTable) {
+        self.runtime.block_on(async {
+            self.channel
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    arguments,
+                )
+                .await
+                .unwrap();
+        });
+    }
+
+    pub fn bind(&self, queue: &str, exchange: &str, binding: &str) {
+        self.runtime.block_on(async {
+            self.channel
+                .queue_bind(
+                    queue.into(),
+                    exchange.into(),
+                    binding.into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        });
+    }
+
+    pub fn unbind(&self, queue: &str, exchange: &str, binding: &str) {
+        self.runtime.block_on(async {
+            self.channel
+                .queue_unbind(
+                    queue.into(),
+                    exchange.into(),
+                    binding.into(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        });
+    }
+
+    pub fn delete_queue(&self, queue: &str) {
+        self.runtime.block_on(async {
+            let _ = self
+                .channel
+                .queue_delete(queue.into(), QueueDeleteOptions::default())
                 .await;
         });
     }

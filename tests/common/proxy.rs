@@ -1,7 +1,8 @@
 //! A TCP proxy the tests own, placed between outbox-poll and a server to
 //! inject faults without touching the shared servers: count connections,
-//! cut every connection now, stall (sockets stay open, nothing moves), or
-//! let through only the first N bytes the client sends.
+//! cut every connection now, cut each after N bytes either way, stall
+//! (sockets stay open, nothing moves), or let through only the first N
+//! bytes the client sends.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -14,9 +15,15 @@ use std::time::Duration;
 struct State {
     connections: AtomicUsize,
     stalled: AtomicBool,
+    /// Bumped by every cut: a pump from an older generation stops, even if
+    /// it is stalled and so not reading its socket.
+    generation: AtomicU64,
     /// Bytes of each connection's client-to-server stream let through
     /// before that direction stalls; u64::MAX means no limit.
     upstream_limit: AtomicU64,
+    /// Bytes of each connection's stream, client to server and server to
+    /// client, let through before the connection is cut; u64::MAX: never.
+    cut_after: [AtomicU64; 2],
     /// Bytes the client sent that reached the server, all connections.
     upstream_bytes: AtomicU64,
     sockets: Mutex<Vec<TcpStream>>,
@@ -34,6 +41,7 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State {
             upstream_limit: AtomicU64::new(u64::MAX),
+            cut_after: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
             ..State::default()
         });
         let shared = Arc::clone(&state);
@@ -67,6 +75,7 @@ impl Proxy {
 
     /// Closes every open connection at once, like a broker or network dying.
     pub fn cut(&self) {
+        self.state.generation.fetch_add(1, Ordering::SeqCst);
         for socket in self.state.sockets.lock().unwrap().drain(..) {
             let _ = socket.shutdown(Shutdown::Both);
         }
@@ -77,8 +86,22 @@ impl Proxy {
         self.state.stalled.store(true, Ordering::SeqCst);
     }
 
+    /// Each connection is cut (both ways, at once) as soon as `bytes` have
+    /// passed in `direction`; the bytes past that point never arrive.
+    pub fn cut_after(&self, direction: Direction, bytes: u64) {
+        self.state.cut_after[direction as usize].store(bytes, Ordering::SeqCst);
+    }
+
+    /// Lets bytes move again, lifting stall() and stall_upstream_after().
     pub fn resume(&self) {
+        self.state.upstream_limit.store(u64::MAX, Ordering::SeqCst);
         self.state.stalled.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits until the client has sent at least `bytes` (for example: until
+    /// a stall_upstream_after(bytes) holds the run mid-batch).
+    pub fn wait_for_upstream(&self, bytes: u64, limit: Duration) -> bool {
+        super::wait_until(limit, || self.upstream_bytes() >= bytes)
     }
 
     /// Each connection passes only its first `bytes` client bytes on, then
@@ -86,6 +109,15 @@ impl Proxy {
     pub fn stall_upstream_after(&self, bytes: u64) {
         self.state.upstream_limit.store(bytes, Ordering::SeqCst);
     }
+}
+
+/// Which way bytes flow through the proxy.
+#[derive(Clone, Copy, Debug)]
+pub enum Direction {
+    /// Client to server.
+    Upstream = 0,
+    /// Server to client.
+    Downstream = 1,
 }
 
 fn connect_pumps(client: TcpStream, server: TcpStream, state: &Arc<State>) {
@@ -107,7 +139,12 @@ fn connect_pumps(client: TcpStream, server: TcpStream, state: &Arc<State>) {
 fn pump(mut from: TcpStream, mut to: TcpStream, state: &State, upstream: bool) {
     let mut buffer = [0u8; 16 * 1024];
     let mut sent: u64 = 0;
+    let generation = state.generation.load(Ordering::SeqCst);
+    let cut = || state.generation.load(Ordering::SeqCst) != generation;
     loop {
+        if cut() {
+            break;
+        }
         let allowed = if upstream {
             state
                 .upstream_limit
@@ -127,7 +164,15 @@ fn pump(mut from: TcpStream, mut to: TcpStream, state: &State, upstream: bool) {
             Ok(0) | Err(_) => break,
             Ok(read) => read,
         };
-        while state.stalled.load(Ordering::SeqCst) {
+        let cut_at = state.cut_after[usize::from(!upstream)].load(Ordering::SeqCst);
+        if sent + read as u64 >= cut_at {
+            let keep = usize::try_from(cut_at.saturating_sub(sent)).unwrap_or(read);
+            let _ = to.write_all(&buffer[..keep]);
+            let _ = to.shutdown(Shutdown::Both);
+            let _ = from.shutdown(Shutdown::Both);
+            return;
+        }
+        while state.stalled.load(Ordering::SeqCst) && !cut() {
             thread::sleep(Duration::from_millis(5));
         }
         if to.write_all(&buffer[..read]).is_err() {

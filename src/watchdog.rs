@@ -1,0 +1,94 @@
+//! The last bound on a run: a thread with a deadline, re-armed before each
+//! phase, that ends the process with exit 69 when the deadline passes.
+//!
+//! Every phase already has a bound of its own (the connect timeouts, the
+//! server's statement_timeout, --confirm-timeout), but the postgres crate
+//! has no client-side query timeout: if the network goes silent while a
+//! statement is on the wire, the driver waits for ever, and the server's
+//! timeouts cannot reach us through a dead network. So each batch also has
+//! a budget (every bound of its phases added up, plus a margin) and when it
+//! runs out the run is abandoned. That is safe at any point: PostgreSQL
+//! rolls back the transaction of a dropped connection (or ends it after
+//! idle_in_transaction_session_timeout), so nothing unconfirmed is marked
+//! and the row locks go with it; at worst an event is sent again.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::batch::Totals;
+use crate::exit;
+
+/// What `on_fire` is told: the figures committed before the phase began.
+type OnFire = Box<dyn Fn(&Totals) + Send>;
+
+#[derive(Default)]
+struct Armed {
+    /// When the phase must be over, and how it was described.
+    deadline: Option<(Instant, Duration, &'static str)>,
+    totals: Totals,
+}
+
+pub struct Watchdog {
+    state: Arc<(Mutex<Armed>, Condvar)>,
+}
+
+impl Watchdog {
+    /// Starts the thread, disarmed. `on_fire` runs just before the exit (it
+    /// prints the --json summary, which the contract wants whatever happens).
+    pub fn start(on_fire: impl Fn(&Totals) + Send + 'static) -> Result<Self> {
+        let state = Arc::new((Mutex::new(Armed::default()), Condvar::new()));
+        let shared = Arc::clone(&state);
+        let on_fire: OnFire = Box::new(on_fire);
+        thread::Builder::new()
+            .name("watchdog".into())
+            .spawn(move || watch(&shared, &on_fire))
+            .context("starting the watchdog thread")?;
+        Ok(Watchdog { state })
+    }
+
+    /// Gives the phase `what` at most `budget` from now. `totals` are the
+    /// figures already committed, reported if the watchdog fires.
+    pub fn arm(&self, budget: Duration, what: &'static str, totals: Totals) {
+        let (lock, wake) = &*self.state;
+        // A poisoned lock can only mean the watchdog thread died; the run
+        // then goes on unguarded rather than failing for it.
+        if let Ok(mut armed) = lock.lock() {
+            armed.deadline = Some((Instant::now() + budget, budget, what));
+            armed.totals = totals;
+            wake.notify_one();
+        }
+    }
+}
+
+fn watch(state: &(Mutex<Armed>, Condvar), on_fire: &OnFire) {
+    let (lock, wake) = state;
+    let Ok(mut armed) = lock.lock() else { return };
+    loop {
+        let Some((deadline, budget, what)) = armed.deadline else {
+            armed = match wake.wait(armed) {
+                Ok(armed) => armed,
+                Err(_) => return,
+            };
+            continue;
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            eprintln!(
+                "outbox-poll: error: {what} did not finish within {} (PostgreSQL or RabbitMQ \
+                 stopped answering); the run was abandoned: nothing unconfirmed was marked, \
+                 PostgreSQL rolls back the open transaction and the events will be sent by the \
+                 next run; check the network and both servers",
+                humantime::format_duration(budget)
+            );
+            on_fire(&armed.totals);
+            std::process::exit(i32::from(exit::UNAVAILABLE));
+        }
+        armed = match wake.wait_timeout(armed, deadline - now) {
+            Ok((armed, _)) => armed,
+            Err(_) => return,
+        };
+    }
+}
