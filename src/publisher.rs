@@ -130,7 +130,7 @@ impl Publisher {
                 alone = false;
                 continue;
             };
-            if result.timed_out || !self.connection.status().connected() {
+            if result.timed_out || !self.channel_closed_by_broker(&error, alone) {
                 outcome.outage = Some(self.outage(error, result.timed_out));
                 break;
             }
@@ -175,7 +175,7 @@ impl Publisher {
             let failed = !result.failed.is_empty();
             outcome.failed.extend(result.failed);
             if let Some(error) = result.error {
-                if result.timed_out || !self.connection.status().connected() {
+                if result.timed_out || !self.channel_closed_by_broker(&error, true) {
                     outcome.outage = Some(self.outage(error, result.timed_out));
                 } else {
                     outcome.failed.push((
@@ -204,6 +204,19 @@ impl Publisher {
         // Dropping the runtime would wait for its tasks, and after an outage
         // a task may still be stuck on a dead socket.
         self.runtime.shutdown_background();
+    }
+
+    /// Whether `error` is the broker closing our channel (the connection
+    /// still up), rather than the connection failing. When a socket dies,
+    /// lapin fails the pending publishes before it marks the connection as
+    /// lost, so "connected" alone could blame an event for an outage. Before
+    /// blaming a single message (`blame`), the error must therefore be the
+    /// broker's own channel-level refusal, an AMQP soft error.
+    fn channel_closed_by_broker(&self, error: &anyhow::Error, blame: bool) -> bool {
+        let soft = error
+            .downcast_ref::<lapin::Error>()
+            .is_some_and(lapin::Error::is_amqp_soft_error);
+        self.connection.status().connected() && (soft || !blame)
     }
 
     fn reopen_channel(&mut self, deadline: Instant) -> Result<()> {
