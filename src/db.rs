@@ -68,9 +68,9 @@ pub fn connect(
             )
         }),
         None => Err(exit::outage(anyhow!(
-            "{what}: no answer within {} (--connect-timeout); the server accepted the \
-             connection but did not complete the startup: check that it is up and not \
-             overloaded, and that DATABASE_URL (or PGHOST etc.) is right",
+            "{what}: not connected within {} (--connect-timeout): check that the server \
+             is up and reachable (no firewall dropping the connection) and not overloaded, \
+             and that DATABASE_URL (or PGHOST etc.) is right",
             humantime::format_duration(connect_timeout)
         ))),
     }

@@ -13,12 +13,8 @@ use crate::metrics;
 use crate::outbox::Outbox;
 use crate::progress::Progress;
 use crate::stop::Stop;
-use crate::watchdog::Watchdog;
+use crate::watchdog::{self, Watchdog};
 
-/// Added to every watchdog budget: the bounds it sums are the servers' and
-/// the driver's, and a run that is merely slow must not be taken for a hung
-/// one.
-const WATCHDOG_MARGIN: Duration = Duration::from_secs(5);
 /// Closing the broker connection is bounded in `Publisher::close`; this
 /// only catches a close that ignores its own bound.
 const CLOSE_BUDGET: Duration = Duration::from_secs(5);
@@ -36,11 +32,13 @@ pub fn run(json: bool, settings: Result<(Database, Poll)>) -> Result<u8> {
         })?;
         let result = drain(&database, &poll, &watchdog, &mut totals, started);
         watchdog.arm(
-            database.connect_timeout + db::STATEMENT_TIMEOUT + WATCHDOG_MARGIN,
+            database.connect_timeout + db::STATEMENT_TIMEOUT + watchdog::MARGIN,
             "writing the metrics file",
             totals,
         );
-        metrics::after_run(&database, &poll, &totals, started, result)
+        let result = metrics::after_run(&database, &poll, &totals, started, result);
+        watchdog.disarm();
+        result
     });
     if json {
         let code = match &result {
@@ -61,7 +59,7 @@ fn drain(
 ) -> Result<u8> {
     let stop = Stop::install()?;
     watchdog.arm(
-        database.connect_timeout + db::STATEMENT_TIMEOUT + WATCHDOG_MARGIN,
+        database.connect_timeout + db::STATEMENT_TIMEOUT + watchdog::MARGIN,
         "connecting to PostgreSQL and preparing the queries",
         *totals,
     );
@@ -109,7 +107,7 @@ fn batch_budget(poll: &Poll) -> Duration {
     2 * poll.broker.connect_timeout
         + poll.broker.confirm_timeout
         + db::STATEMENT_TIMEOUT
-        + WATCHDOG_MARGIN
+        + watchdog::MARGIN
 }
 
 /// No new batch starts once --max-batches or --max-duration is reached;

@@ -34,7 +34,7 @@ impl Progress {
         }
         let sql = format!(
             "SELECT count(*) FROM {} \
-             WHERE published_at IS NULL AND attempts < $1 AND available_at <= now()",
+             WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now()",
             database.table.quoted()
         );
         let backlog: i64 = client

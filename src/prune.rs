@@ -17,18 +17,22 @@ use anyhow::{Result, anyhow};
 use postgres::Client;
 use postgres::error::SqlState;
 
+use crate::batch::Totals;
 use crate::cli::PruneArgs;
 use crate::config::Database;
 use crate::db;
 use crate::exit;
 use crate::status::plural;
 use crate::table::TableName;
+use crate::watchdog::{self, Watchdog};
 
 /// How long one batch may take. The server's usual 30 s bound is for the
 /// relay's by-key statements; the last batch of a prune may have to scan
 /// the whole table to find that nothing old is left, and it holds row locks
 /// only on rows nobody else wants (published, or dead and old).
 const BATCH_TIMEOUT: &str = "15min";
+/// The watchdog's budget for one such statement (see watchdog.rs).
+const BATCH_BUDGET: Duration = Duration::from_secs(15 * 60 + 30);
 
 /// Which rows one pass deletes. $1: the age in seconds.
 #[derive(Clone, Copy)]
@@ -58,11 +62,21 @@ impl Kind {
 }
 
 pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<u8> {
+    let watchdog = Watchdog::start(|_| {})?;
+    watchdog.arm(
+        database.connect_timeout + db::STATEMENT_TIMEOUT + watchdog::MARGIN,
+        "connecting to PostgreSQL",
+        Totals::default(),
+    );
     let mut client = db::connect(
         &database.config,
         database.connect_timeout,
         database.idle_limit,
     )?;
+    // Counting and deleting may scan the whole table (see BATCH_TIMEOUT).
+    client
+        .batch_execute(&format!("SET statement_timeout = '{BATCH_TIMEOUT}'"))
+        .map_err(|error| db::classify(&error, "setting the statement timeout", "try again"))?;
     let age = short_duration(args.older_than);
     let mut kinds = vec![Kind::Published];
     if args.include_dead {
@@ -71,9 +85,10 @@ pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<u8> {
     let mut counts = Vec::new();
     for kind in kinds {
         let count = if args.dry_run {
+            watchdog.arm(BATCH_BUDGET, "counting old events", Totals::default());
             count(&mut client, database, kind, args.older_than)?
         } else {
-            delete(&mut client, database, kind, args)?
+            delete(&mut client, database, kind, args, &watchdog)?
         };
         if !json {
             let verb = if args.dry_run {
@@ -118,22 +133,31 @@ fn count(client: &mut Client, database: &Database, kind: Kind, age: Duration) ->
 }
 
 /// Batch after batch, each statement its own transaction, until a batch
-/// comes back short.
-fn delete(client: &mut Client, database: &Database, kind: Kind, args: &PruneArgs) -> Result<i64> {
+/// comes back short. The condition is checked again on the row itself: a
+/// dead event requeued while this statement waited for its lock is pending
+/// again and must not be deleted, and after such a wait PostgreSQL re-checks
+/// only the outer condition, not the subquery's. (No SKIP LOCKED: that
+/// would need UPDATE, which the pruner role need not have.)
+fn delete(
+    client: &mut Client,
+    database: &Database,
+    kind: Kind,
+    args: &PruneArgs,
+    watchdog: &Watchdog,
+) -> Result<i64> {
     let table = &database.table;
-    client
-        .batch_execute(&format!("SET statement_timeout = '{BATCH_TIMEOUT}'"))
-        .map_err(|error| db::classify(&error, "setting the statement timeout", "try again"))?;
     let statement = client
         .prepare(&format!(
             "DELETE FROM {t} WHERE id IN ( \
-               SELECT id FROM {t} WHERE {} ORDER BY id LIMIT $2)",
-            kind.condition(database.max_attempts),
+               SELECT id FROM {t} WHERE {condition} ORDER BY id LIMIT $2) \
+             AND {condition}",
+            condition = kind.condition(database.max_attempts),
             t = table.quoted()
         ))
         .map_err(|error| privilege_error(&error, table))?;
     let mut total = 0;
     loop {
+        watchdog.arm(BATCH_BUDGET, "a prune batch", Totals::default());
         let deleted = client
             .execute(
                 &statement,

@@ -15,10 +15,12 @@ use crate::config::Database;
 use crate::db;
 use crate::exit;
 use crate::status::plural;
+use crate::watchdog::Watchdog;
 
 const RESET: &str = "attempts = 0, last_error = NULL, available_at = now()";
 
 pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<u8> {
+    let _watchdog = Watchdog::for_command(database.connect_timeout, "requeue")?;
     let mut client = db::connect(
         &database.config,
         database.connect_timeout,
@@ -30,7 +32,7 @@ pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<u8> {
         let count = client
             .execute(
                 &format!(
-                    "UPDATE {} SET {RESET} WHERE published_at IS NULL AND attempts >= $1",
+                    "UPDATE {} SET {RESET} WHERE published_at IS NULL AND attempts >= $1::int",
                     table.quoted()
                 ),
                 &[&database.max_attempts],

@@ -13,6 +13,7 @@ use crate::config::Database;
 use crate::db;
 use crate::exit;
 use crate::table::TableName;
+use crate::watchdog::Watchdog;
 
 /// The backlog of one table (or of one event type in it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,11 +54,11 @@ fn figures_sql(table: &str, group: bool) -> String {
     };
     format!(
         "SELECT {key}, \
-           count(*) FILTER (WHERE attempts < $1), \
-           count(*) FILTER (WHERE attempts < $1 AND available_at <= now()), \
-           count(*) FILTER (WHERE attempts < $1 AND attempts > 0), \
-           count(*) FILTER (WHERE attempts >= $1), \
-           floor(extract(epoch FROM now() - min(created_at) FILTER (WHERE attempts < $1)))::bigint \
+           count(*) FILTER (WHERE attempts < $1::int), \
+           count(*) FILTER (WHERE attempts < $1::int AND available_at <= now()), \
+           count(*) FILTER (WHERE attempts < $1::int AND attempts > 0), \
+           count(*) FILTER (WHERE attempts >= $1::int), \
+           floor(extract(epoch FROM now() - min(created_at) FILTER (WHERE attempts < $1::int)))::bigint \
          FROM {table} WHERE published_at IS NULL{tail}"
     )
 }
@@ -98,6 +99,7 @@ pub fn figures(client: &mut Client, table: &TableName, max_attempts: i32) -> Res
 }
 
 pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<u8> {
+    let _watchdog = Watchdog::for_command(database.connect_timeout, "status")?;
     let mut client = db::connect(
         &database.config,
         database.connect_timeout,

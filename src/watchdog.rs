@@ -21,6 +21,11 @@ use anyhow::{Context, Result};
 use crate::batch::Totals;
 use crate::exit;
 
+/// Added to every budget: the bounds it sums are the servers' and the
+/// driver's, and a command that is merely slow must not be taken for a hung
+/// one.
+pub const MARGIN: Duration = Duration::from_secs(5);
+
 /// What `on_fire` is told: the figures committed before the phase began.
 type OnFire = Box<dyn Fn(&Totals) + Send>;
 
@@ -63,6 +68,24 @@ impl Watchdog {
     }
 }
 
+impl Watchdog {
+    /// One budget for a whole short command (status, requeue): connecting
+    /// and a few statements, each bounded by the server's statement_timeout.
+    pub fn for_command(connect_timeout: Duration, what: &'static str) -> Result<Self> {
+        let watchdog = Watchdog::start(|_| {})?;
+        let budget = connect_timeout + 3 * crate::db::STATEMENT_TIMEOUT + MARGIN;
+        watchdog.arm(budget, what, Totals::default());
+        Ok(watchdog)
+    }
+
+    /// Nothing left to guard: the run is about to exit on its own.
+    pub fn disarm(&self) {
+        if let Ok(mut armed) = self.state.0.lock() {
+            armed.deadline = None;
+        }
+    }
+}
+
 fn watch(state: &(Mutex<Armed>, Condvar), on_fire: &OnFire) {
     let (lock, wake) = state;
     let Ok(mut armed) = lock.lock() else { return };
@@ -78,9 +101,9 @@ fn watch(state: &(Mutex<Armed>, Condvar), on_fire: &OnFire) {
         if now >= deadline {
             eprintln!(
                 "outbox-poll: error: {what} did not finish within {} (PostgreSQL or RabbitMQ \
-                 stopped answering); the run was abandoned: nothing unconfirmed was marked, \
-                 PostgreSQL rolls back the open transaction and the events will be sent by the \
-                 next run; check the network and both servers",
+                 stopped answering); the run was abandoned: nothing the broker had not confirmed \
+                 was marked, and PostgreSQL rolls back a transaction not yet committed, whose \
+                 events the next run sends again; check the network and both servers",
                 humantime::format_duration(budget)
             );
             on_fire(&armed.totals);

@@ -92,7 +92,6 @@ fn metrics_file_has_the_runs_figures_and_the_backlog() {
         "due",
         "retrying",
         "dead",
-        "oldest_pending_age_seconds",
     ]
     .into_iter()
     .map(|name| (name, values[name]))
@@ -109,9 +108,11 @@ fn metrics_file_has_the_runs_figures_and_the_backlog() {
             ("due", 1.0),
             ("retrying", 0.0),
             ("dead", 1.0),
-            ("oldest_pending_age_seconds", 0.0),
         ]
     );
+    // Whole seconds since the insert: the run's own time, on a busy machine.
+    let age = values["oldest_pending_age_seconds"];
+    assert!((0.0..10.0).contains(&age), "{age}");
     let ended = values["last_run_timestamp_seconds"];
     assert!(ended >= before.floor() && ended < before + 60.0, "{ended}");
     assert!(values["last_run_duration_seconds"] < 60.0);

@@ -140,7 +140,7 @@ fn concurrent_migrations_both_succeed() {
 }
 
 #[test]
-fn a_reference_table_with_serial_id_and_bigint_attempts_relays_too() {
+fn a_reference_table_with_serial_id_and_bigint_attempts_works_with_every_command() {
     let mut fx = Fixture::bare("migrate_types");
     fx.execute(
         "CREATE TABLE {table} (id serial PRIMARY KEY, event_id varchar(100) NOT NULL UNIQUE, \
@@ -158,4 +158,11 @@ fn a_reference_table_with_serial_id_and_bigint_attempts_relays_too() {
         rows,
         [("a".to_string(), true, 0), ("b".to_string(), false, 1)]
     );
+    // The operators' commands read the same table.
+    let status = fx.run(&["status", "--json", "--max-attempts", "1"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    assert_eq!(status.summary()["dead"], 1);
+    let requeue = fx.run(&["requeue", "--dead", "--max-attempts", "1"]);
+    assert_eq!(requeue.code, 0, "{}", requeue.stderr);
+    assert_eq!(fx.rows_untyped()[1], ("b".to_string(), false, 0));
 }

@@ -396,6 +396,38 @@ fn prune_include_dead_deletes_old_dead_events_too() {
 }
 
 #[test]
+fn prune_never_deletes_a_dead_event_requeued_while_it_runs() {
+    let mut fx = Fixture::new("prune_requeue_race");
+    aged_rows(&mut fx);
+    // A requeue of e-11, not yet committed when prune starts.
+    let mut other = common::connect_db();
+    let mut requeue = other.transaction().unwrap();
+    let sql = format!(
+        "UPDATE {} SET attempts = 0 WHERE event_id = 'e-11'",
+        fx.quoted_table()
+    );
+    requeue.execute(&sql, &[]).unwrap();
+    let mut command = fx.command();
+    command
+        .args(["prune", "--older-than", "7d", "--include-dead"])
+        .stdout(std::process::Stdio::piped());
+    let prune = command.spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    requeue.commit().unwrap();
+    let output = prune.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let ids = event_ids(&mut fx);
+    assert!(
+        ids.contains(&"e-11".to_string()),
+        "the requeued event was deleted: {ids:?}"
+    );
+    assert!(
+        !ids.contains(&"e-12".to_string()),
+        "the other dead event stays deleted"
+    );
+}
+
+#[test]
 fn prune_include_dead_follows_max_attempts() {
     let mut fx = Fixture::new("prune_dead_max");
     aged_rows(&mut fx);

@@ -34,38 +34,38 @@ fn run_on_a_terminal(fx: &Fixture, args: &[&str]) -> Option<(i32, String)> {
     ))
 }
 
-/// One event per batch: 700 batches last well over a second.
+/// One event per batch: 1,500 batches last well over a second.
 const SLOW_DRAIN: [&str; 4] = ["--drain", "--batch-size", "1", "--json"];
 
 #[test]
 fn long_drain_with_stderr_on_a_pipe_draws_nothing() {
     let mut fx = Fixture::new("progress_pipe");
-    fx.insert("e", 700);
+    fx.insert("e", 1500);
     let run: Run = fx.run(&SLOW_DRAIN);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(
         run.field("duration_ms") > 1000,
         "the drain must outlast the grace second for this test to mean anything"
     );
-    assert_eq!(run.field("published"), 700);
+    assert_eq!(run.field("published"), 1500);
     assert_eq!(run.stderr, "", "no progress output without a terminal");
 }
 
 #[test]
 fn long_drain_on_a_terminal_shows_published_rate_and_remaining() {
     let mut fx = Fixture::new("progress_tty");
-    fx.insert("e", 700);
+    fx.insert("e", 1500);
     let Some((code, screen)) = run_on_a_terminal(&fx, &SLOW_DRAIN) else {
         eprintln!("skipped: no `script` to give the run a terminal");
         return;
     };
     assert_eq!(code, 0, "{screen}");
     assert!(
-        screen.contains("700/700 published 700, failed 0, "),
+        screen.contains("1500/1500 published 1500, failed 0, "),
         "the final figures stay on screen: {screen:?}"
     );
     assert!(screen.contains("/s, 0 remaining"), "{screen:?}");
-    assert_eq!(fx.published_count(), 700);
+    assert_eq!(fx.published_count(), 1500);
 }
 
 #[test]

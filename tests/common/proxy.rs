@@ -26,6 +26,8 @@ struct State {
     cut_after: [AtomicU64; 2],
     /// Bytes the client sent that reached the server, all connections.
     upstream_bytes: AtomicU64,
+    /// Bytes the server sent that reached the client, all connections.
+    downstream_bytes: AtomicU64,
     sockets: Mutex<Vec<TcpStream>>,
 }
 
@@ -100,6 +102,26 @@ impl Proxy {
 
     /// Waits until the client has sent at least `bytes` (for example: until
     /// a stall_upstream_after(bytes) holds the run mid-batch).
+    /// Waits until the server has sent nothing for `quiet` (say, every
+    /// confirm for what got through has come back), at most `limit`.
+    pub fn wait_for_quiet_downstream(&self, quiet: Duration, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let mut last = (
+            self.state.downstream_bytes.load(Ordering::SeqCst),
+            std::time::Instant::now(),
+        );
+        while std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+            let now = self.state.downstream_bytes.load(Ordering::SeqCst);
+            if now != last.0 {
+                last = (now, std::time::Instant::now());
+            } else if last.1.elapsed() >= quiet {
+                return true;
+            }
+        }
+        false
+    }
+
     pub fn wait_for_upstream(&self, bytes: u64, limit: Duration) -> bool {
         super::wait_until(limit, || self.upstream_bytes() >= bytes)
     }
@@ -179,11 +201,12 @@ fn pump(mut from: TcpStream, mut to: TcpStream, state: &State, upstream: bool) {
             break;
         }
         sent += read as u64;
-        if upstream {
-            state
-                .upstream_bytes
-                .fetch_add(read as u64, Ordering::SeqCst);
-        }
+        let counter = if upstream {
+            &state.upstream_bytes
+        } else {
+            &state.downstream_bytes
+        };
+        counter.fetch_add(read as u64, Ordering::SeqCst);
     }
     let _ = to.shutdown(Shutdown::Write);
     let _ = from.shutdown(Shutdown::Read);
