@@ -16,7 +16,8 @@
 //! build's), BENCH_DATABASE_URL, BENCH_AMQP_URL, BENCH_EVENTS
 //! (100000), BENCH_NAIVE_EVENTS (10000), BENCH_EMPTY_RUNS (50),
 //! BENCH_BATCHES (100,1000,5000), BENCH_SCALING (1,2,4), BENCH_ONLY (a
-//! comma-separated subset of: limits,drain,naive,empty,memory,scaling).
+//! comma-separated subset of: limits,shapes,drain,naive,empty,memory,
+//! scaling).
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
@@ -497,7 +498,7 @@ const MANDATORY: BasicPublishOptions = BasicPublishOptions {
 
 /// PostgreSQL alone: claim a batch, mark it, commit, with the relay's SQL
 /// and prepared statements, nothing published.
-fn pg_limit(fx: &mut Fixture, batch: i64) -> Figure {
+fn pg_limit(fx: &mut Fixture, batch: i64, limit: bool) -> Figure {
     let table = fx.table();
     fx.fill(fx.settings.events, 200);
     let mut client = Client::connect(&fx.settings.database_url, NoTls).unwrap();
@@ -527,7 +528,11 @@ fn pg_limit(fx: &mut Fixture, batch: i64) -> Figure {
     let (verified, failed) = fx.verify(count, false, true);
     check(failed, &verified);
     Figure {
-        name: format!("limit: PostgreSQL only, claim+mark, batch {batch}"),
+        name: if limit {
+            format!("limit: PostgreSQL only, claim+mark, batch {batch}")
+        } else {
+            format!("PostgreSQL only, claim+mark, batch {batch}")
+        },
         events: total,
         seconds,
         rss_kb: None,
@@ -535,12 +540,20 @@ fn pg_limit(fx: &mut Fixture, batch: i64) -> Figure {
     }
 }
 
-/// RabbitMQ alone: the same messages (bodies and properties), published in
-/// windows of `window`, every publish of a window issued before its confirms
-/// are awaited.
-fn broker_limit(fx: &mut Fixture, window: usize) -> Figure {
+/// RabbitMQ alone: the same messages (bodies and properties) to the same
+/// kind of queue, every publish of a window of `window` issued before any
+/// confirm is awaited. With `overlap` the next window is issued before the
+/// previous window's confirms are awaited (a continuous pipeline: the
+/// broker's limit); without it each window waits for its confirms, the
+/// shape of one relay batch.
+fn broker_limit(fx: &mut Fixture, window: usize, overlap: bool) -> Figure {
     let table = fx.table();
-    fx.fill(fx.settings.events, 200);
+    let count = if overlap {
+        fx.settings.events
+    } else {
+        fx.settings.events / 2
+    };
+    fx.fill(count, 200);
     let rows = fx
         .db
         .query(
@@ -560,8 +573,15 @@ fn broker_limit(fx: &mut Fixture, window: usize) -> Figure {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .unwrap();
+        let acks = |confirmations: Vec<lapin::Result<Confirmation>>| {
+            confirmations
+                .into_iter()
+                .filter(|c| matches!(c, Ok(Confirmation::Ack(None))))
+                .count() as u64
+        };
         let started = Instant::now();
         let mut acked = 0u64;
+        let mut previous = Vec::new();
         for chunk in events.chunks(window) {
             let publishes = chunk.iter().map(|event| {
                 channel.basic_publish(
@@ -577,21 +597,28 @@ fn broker_limit(fx: &mut Fixture, window: usize) -> Figure {
                 .into_iter()
                 .map(|r| r.unwrap())
                 .collect();
-            for confirmation in join_all(confirms).await {
-                if let Ok(Confirmation::Ack(None)) = confirmation {
-                    acked += 1;
-                }
+            acked += acks(join_all(std::mem::take(&mut previous)).await);
+            if overlap {
+                previous = confirms;
+            } else {
+                acked += acks(join_all(confirms).await);
             }
         }
+        acked += acks(join_all(previous).await);
         let seconds = started.elapsed().as_secs_f64();
         let _ = channel.close(200, "bye".into()).await;
         (seconds, acked)
     });
     drop(events);
-    let (verified, failed) = fx.verify(fx.settings.events, true, false);
+    let (verified, failed) = fx.verify(count, true, false);
     check(failed, &verified);
+    let name = if overlap {
+        format!("limit: RabbitMQ only, continuous pipeline, window {window}")
+    } else {
+        format!("RabbitMQ only, {window} then wait for their confirms")
+    };
     Figure {
-        name: format!("limit: RabbitMQ only, pipelined confirms, window {window}"),
+        name,
         events: acked,
         seconds,
         rss_kb: None,
@@ -749,16 +776,28 @@ fn main() {
     let mut broker = None;
     let mut pg = None;
     if fx.settings.wants("limits") {
-        let b = broker_limit(&mut fx, 1000);
+        let b = broker_limit(&mut fx, 1000, true);
         broker = Some(b.rate());
         eprintln!("bench: {} {:.0}/s {}", b.name, b.rate(), b.verified);
         figures.push(b);
-        let p = pg_limit(&mut fx, 1000);
+        let p = pg_limit(&mut fx, 1000, true);
         pg = Some(p.rate());
         eprintln!("bench: {} {:.0}/s {}", p.name, p.rate(), p.verified);
         figures.push(p);
         eprintln!(
             "bench: limits done at {:.0}s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    if fx.settings.wants("shapes") {
+        // What one batch costs on each side alone, at the batch sizes the
+        // drains use: where the relay's time per batch goes.
+        for batch in fx.settings.batches.clone() {
+            figures.push(broker_limit(&mut fx, batch as usize, false));
+            figures.push(pg_limit(&mut fx, batch, false));
+        }
+        eprintln!(
+            "bench: shapes done at {:.0}s",
             started.elapsed().as_secs_f64()
         );
     }
