@@ -15,7 +15,8 @@
 //! Settings (environment): BENCH_BIN (the binary to measure; default this
 //! build's), BENCH_DATABASE_URL, BENCH_AMQP_URL, BENCH_EVENTS
 //! (100000), BENCH_NAIVE_EVENTS (10000), BENCH_EMPTY_RUNS (50),
-//! BENCH_BATCHES (100,1000,5000), BENCH_SCALING (1,2,4), BENCH_ONLY (a
+//! BENCH_BATCHES (100,1000,5000), BENCH_SCALING (1,2,4: concurrent drains),
+//! BENCH_SCALING_BATCH (1000), BENCH_ONLY (a
 //! comma-separated subset of: limits,shapes,drain,naive,empty,memory,
 //! scaling).
 
@@ -67,6 +68,7 @@ struct Settings {
     empty_runs: usize,
     batches: Vec<i64>,
     scaling: Vec<i64>,
+    scaling_batch: i64,
     only: Option<Vec<String>>,
 }
 
@@ -83,6 +85,7 @@ impl Settings {
             empty_runs: env_or("BENCH_EMPTY_RUNS", "50").parse().unwrap(),
             batches: env_list("BENCH_BATCHES", "100,1000,5000"),
             scaling: env_list("BENCH_SCALING", "1,2,4"),
+            scaling_batch: env_or("BENCH_SCALING_BATCH", "1000").parse().unwrap(),
             only: std::env::var("BENCH_ONLY")
                 .ok()
                 .map(|s| s.split(',').map(|p| p.trim().to_string()).collect()),
@@ -815,9 +818,10 @@ fn main() {
         figures.push(naive(&mut fx));
     }
     if fx.settings.wants("scaling") {
+        let batch = fx.settings.scaling_batch;
         for processes in fx.settings.scaling.clone() {
-            let name = format!("{processes} concurrent --drain, batch 1000");
-            figures.push(drain(&mut fx, name, events, 200, 1000, processes));
+            let name = format!("{processes} concurrent --drain, batch {batch}");
+            figures.push(drain(&mut fx, name, events, 200, batch, processes));
         }
         eprintln!(
             "bench: scaling done at {:.0}s",
