@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::Fixture;
+use common::proxy::Proxy;
+use common::{Fixture, amqp_addr, amqp_url_via};
 
 #[test]
 fn a_batch_larger_than_the_publish_window_arrives_once_in_id_order() {
@@ -60,4 +61,44 @@ fn returns_in_a_pipelined_batch_fail_exactly_their_own_events() {
         .map(|n| format!("e-{n}"))
         .collect();
     assert_eq!(arrived, expected);
+}
+
+#[test]
+fn an_outage_in_the_middle_of_a_pipelined_batch_marks_only_what_was_confirmed() {
+    let mut fx = Fixture::new("pipeline_outage");
+    fx.insert("e", 3_000);
+    // The broker gets the handshake and a few hundred messages, then
+    // nothing more: the rest of the batch is never confirmed.
+    let broker = Proxy::start(amqp_addr());
+    broker.stall_upstream_after(200_000);
+    let url = amqp_url_via(broker.port());
+    let run = fx.run_with(
+        &[("AMQP_URL", url.as_str())],
+        &["--batch-size", "3000", "--confirm-timeout", "2s", "--json"],
+    );
+    assert_eq!(run.code, 69, "{}", run.stderr);
+    let rows = fx.rows();
+    let marked: Vec<&str> = rows
+        .iter()
+        .filter(|row| row.published)
+        .map(|row| row.event_id.as_str())
+        .collect();
+    assert!(
+        !marked.is_empty() && marked.len() < 3_000,
+        "{} marked",
+        marked.len()
+    );
+    assert_eq!(run.field("published"), marked.len() as i64);
+    for row in rows.iter().filter(|row| !row.published) {
+        assert_eq!(
+            (row.attempts, row.last_error.as_deref()),
+            (0, None),
+            "{} was left as it was",
+            row.event_id
+        );
+    }
+    let arrivals = fx.arrivals();
+    for id in &marked {
+        assert!(arrivals.contains_key(*id), "{id} marked but not delivered");
+    }
 }
