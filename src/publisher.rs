@@ -6,6 +6,7 @@
 //! panics inside an async context) stays plain blocking code.
 
 use std::collections::HashSet;
+use std::task::Poll;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -260,6 +261,17 @@ struct Round {
     timed_out: bool,
 }
 
+/// Publishes in flight at once: enough to keep the socket full, few enough
+/// that a large batch does not hold thousands of publish futures and their
+/// frames in memory at once.
+const PUBLISH_WINDOW: usize = 1000;
+
+/// Issues the round's publishes a window at a time, every publish of a
+/// window before waiting for any of them, so the round goes out as one
+/// stream instead of one io-thread hand-off per message; then awaits the
+/// confirms. After the first publish that fails (or times out), that event
+/// and every later one are unresolved (left as they were), and nothing
+/// after it is sent, exactly as when they went one by one.
 async fn publish_round(
     channel: &Channel,
     exchange: &str,
@@ -267,45 +279,113 @@ async fn publish_round(
     deadline: Instant,
 ) -> Round {
     let mut round = Round::default();
-    let mut pending: Vec<(&Event, PublisherConfirm)> = Vec::with_capacity(events.len());
-    for (index, &event) in events.iter().enumerate() {
-        let Some((routing_key, message_id)) = short_strings(event) else {
-            round.failed.push((
-                event.id,
-                "event_type or event_id is longer than AMQP's 255 bytes".into(),
-            ));
-            continue;
-        };
-        let options = BasicPublishOptions {
-            mandatory: true,
-            immediate: false,
-        };
-        let publish = channel.basic_publish(
-            exchange.into(),
-            routing_key,
-            options,
-            event.payload.as_bytes(),
-            properties(event, message_id),
-        );
-        let error = match timeout_at(deadline, publish).await {
-            Ok(Ok(confirm)) => {
-                pending.push((event, confirm));
-                continue;
-            }
-            Ok(Err(error)) => error.into(),
+    let mut too_long = Vec::new();
+    let mut sendable = Vec::with_capacity(events.len());
+    for (position, &event) in events.iter().enumerate() {
+        match short_strings(event) {
+            Some(strings) => sendable.push((position, event, strings)),
+            None => too_long.push(position),
+        }
+    }
+    let mut pending: Vec<(&Event, PublisherConfirm)> = Vec::with_capacity(sendable.len());
+    let mut stopped_at = events.len();
+    let mut rest = sendable.into_iter().peekable();
+    'windows: while rest.peek().is_some() {
+        let window: Vec<_> = rest.by_ref().take(PUBLISH_WINDOW).collect();
+        let sent: Vec<(usize, &Event)> = window.iter().map(|(p, e, _)| (*p, *e)).collect();
+        let results = match timeout_at(deadline, issue(channel, exchange, window)).await {
+            Ok(results) => results,
             Err(_) => {
                 round.timed_out = true;
-                anyhow!("publishing timed out")
+                round.error = Some(anyhow!("publishing timed out"));
+                stopped_at = sent[0].0;
+                round
+                    .unresolved
+                    .extend(events[stopped_at..].iter().map(|e| e.id));
+                break;
             }
         };
-        round.error = Some(error);
-        round
-            .unresolved
-            .extend(events[index..].iter().map(|e| e.id));
-        break;
+        for ((position, event), result) in sent.into_iter().zip(results) {
+            match result {
+                Ok(confirm) => pending.push((event, confirm)),
+                Err(error) => {
+                    round.error = Some(error.into());
+                    stopped_at = position;
+                    round
+                        .unresolved
+                        .extend(events[position..].iter().map(|e| e.id));
+                    break 'windows;
+                }
+            }
+        }
+    }
+    for position in too_long.into_iter().take_while(|&p| p < stopped_at) {
+        round.failed.push((
+            events[position].id,
+            "event_type or event_id is longer than AMQP's 255 bytes".into(),
+        ));
     }
     await_confirms(pending, deadline, &mut round).await;
     round
+}
+
+/// Creates a window's publish futures and drives them together, returning
+/// each one's result in order. lapin does all of a publish's work (taking
+/// the confirm's delivery tag, queueing its frames for the io thread) in
+/// the first poll of its future, so polling them first in order gives
+/// delivery tags and wire order in event order.
+async fn issue(
+    channel: &Channel,
+    exchange: &str,
+    window: Vec<(usize, &Event, (ShortString, ShortString))>,
+) -> Vec<lapin::Result<PublisherConfirm>> {
+    let options = BasicPublishOptions {
+        mandatory: true,
+        immediate: false,
+    };
+    let mut publishes: Vec<_> = window
+        .into_iter()
+        .map(|(_, event, (routing_key, message_id))| {
+            Box::pin(channel.basic_publish(
+                exchange.into(),
+                routing_key,
+                options,
+                event.payload.as_bytes(),
+                properties(event, message_id),
+            ))
+        })
+        .collect();
+    let mut results: Vec<Option<lapin::Result<PublisherConfirm>>> = std::iter::repeat_with(|| None)
+        .take(publishes.len())
+        .collect();
+    // Every future is polled once, in order; after that, since the io
+    // thread writes (and so completes) them in order, a wake-up resumes at
+    // the first one still pending instead of re-polling the whole window.
+    let mut first_pass = true;
+    let mut next = 0;
+    std::future::poll_fn(|cx| {
+        for index in next..publishes.len() {
+            if results[index].is_some() {
+                continue;
+            }
+            match publishes[index].as_mut().poll(cx) {
+                Poll::Ready(result) => results[index] = Some(result),
+                Poll::Pending if first_pass => {}
+                Poll::Pending => break,
+            }
+        }
+        first_pass = false;
+        while results.get(next).is_some_and(Option::is_some) {
+            next += 1;
+        }
+        if next == results.len() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    results.into_iter().flatten().collect()
 }
 
 /// Awaits each confirm in turn. Returns (unroutable messages) come attached

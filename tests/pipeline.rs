@@ -1,0 +1,104 @@
+//! A batch goes out pipelined (every publish issued before any confirm is
+//! awaited): order, window boundaries and the attribution of returns must
+//! be what they were when events went one at a time.
+
+mod common;
+
+use common::proxy::Proxy;
+use common::{Fixture, amqp_addr, amqp_url_via};
+
+#[test]
+fn a_batch_larger_than_the_publish_window_arrives_once_in_id_order() {
+    let mut fx = Fixture::new("pipeline_window");
+    fx.insert("e", 2_500);
+    let run = fx.run(&["--batch-size", "2500", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("failed")), (2_500, 0));
+    assert_eq!(fx.published_count(), 2_500);
+    let ids: Vec<String> = fx.messages().into_iter().map(|m| m.message_id).collect();
+    let expected: Vec<String> = (1..=2_500).map(|n| format!("e-{n}")).collect();
+    assert_eq!(ids, expected, "each event once, in id order");
+}
+
+#[test]
+fn returns_in_a_pipelined_batch_fail_exactly_their_own_events() {
+    let mut fx = Fixture::new("pipeline_returns");
+    // An exchange that routes only order.* events: the rest come back.
+    let routed = format!("{}_routed", fx.exchange);
+    fx.amqp.declare(&routed, &routed, "order.*");
+    for n in 1..=30u32 {
+        let kind = if n.is_multiple_of(3) {
+            "invoice.paid"
+        } else {
+            "order.created"
+        };
+        fx.insert_event(&format!("e-{n}"), kind, r#"{"n": 1}"#);
+    }
+    let run = fx.run_with(&[("OUTBOX_EXCHANGE", &routed)], &["--json"]);
+    let arrived: Vec<String> = fx
+        .amqp
+        .take_all(&routed)
+        .into_iter()
+        .map(|m| m.message_id)
+        .collect();
+    fx.amqp.delete(&routed, &routed);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("failed")), (20, 10));
+    for row in fx.rows() {
+        let n: u32 = row.event_id[2..].parse().unwrap();
+        if n.is_multiple_of(3) {
+            assert!(!row.published, "{} was returned", row.event_id);
+            assert_eq!(row.attempts, 1, "{}", row.event_id);
+            let error = row.last_error.unwrap_or_default();
+            assert!(error.contains("unroutable"), "{}: {error}", row.event_id);
+        } else {
+            assert!(row.published, "{} was routed", row.event_id);
+            assert_eq!(row.attempts, 0, "{}", row.event_id);
+        }
+    }
+    let expected: Vec<String> = (1..=30u32)
+        .filter(|n| !n.is_multiple_of(3))
+        .map(|n| format!("e-{n}"))
+        .collect();
+    assert_eq!(arrived, expected);
+}
+
+#[test]
+fn an_outage_in_the_middle_of_a_pipelined_batch_marks_only_what_was_confirmed() {
+    let mut fx = Fixture::new("pipeline_outage");
+    fx.insert("e", 3_000);
+    // The broker gets the handshake and a few hundred messages, then
+    // nothing more: the rest of the batch is never confirmed.
+    let broker = Proxy::start(amqp_addr());
+    broker.stall_upstream_after(200_000);
+    let url = amqp_url_via(broker.port());
+    let run = fx.run_with(
+        &[("AMQP_URL", url.as_str())],
+        &["--batch-size", "3000", "--confirm-timeout", "2s", "--json"],
+    );
+    assert_eq!(run.code, 69, "{}", run.stderr);
+    let rows = fx.rows();
+    let marked: Vec<&str> = rows
+        .iter()
+        .filter(|row| row.published)
+        .map(|row| row.event_id.as_str())
+        .collect();
+    assert!(
+        !marked.is_empty() && marked.len() < 3_000,
+        "{} marked",
+        marked.len()
+    );
+    assert_eq!(run.field("published"), marked.len() as i64);
+    for row in rows.iter().filter(|row| !row.published) {
+        assert_eq!(
+            (row.attempts, row.last_error.as_deref()),
+            (0, None),
+            "{} was left as it was",
+            row.event_id
+        );
+    }
+    let arrivals = fx.arrivals();
+    for id in &marked {
+        assert!(arrivals.contains_key(*id), "{id} marked but not delivered");
+    }
+}
