@@ -23,6 +23,11 @@ fn main() {
     // since a worktree's .git is a file pointing elsewhere.
     let mut watched = vec!["HEAD".to_string(), "packed-refs".to_string()];
     if let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        // Its directory too: after `git gc` packs the ref, the next commit
+        // writes a new loose file there that a watch on the old one misses.
+        if let Some((directory, _)) = reference.rsplit_once('/') {
+            watched.push(directory.to_string());
+        }
         watched.push(reference);
     }
     let mut any = false;

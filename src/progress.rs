@@ -29,7 +29,7 @@ struct Active {
 impl Progress {
     /// Counts the due backlog (one cheap query), if a bar may be drawn.
     pub fn start(client: &mut Client, database: &Database, poll: &Poll) -> Progress {
-        if !poll.drain || !std::io::stderr().is_terminal() {
+        if !poll.drain || !can_redraw() {
             return Progress(None);
         }
         let sql = format!(
@@ -82,7 +82,13 @@ impl Progress {
         self.update(totals);
         if let Some(bar) = self.0.and_then(|progress| progress.bar) {
             bar.finish();
-            eprintln!(); // what comes next starts on a line of its own
         }
     }
+}
+
+/// A bar redraws its line in place: that needs a terminal, and one that
+/// can move the cursor (not `TERM=dumb`, nor no TERM at all).
+fn can_redraw() -> bool {
+    let term = std::env::var("TERM").unwrap_or_default();
+    std::io::stderr().is_terminal() && !term.is_empty() && term != "dumb"
 }
