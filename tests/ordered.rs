@@ -71,6 +71,43 @@ fn ordered_run_publishes_in_strict_id_order() {
     assert_eq!(ids(&fx), names, "every event once, in id order");
 }
 
+#[test]
+fn ordered_run_never_skips_past_a_row_another_transaction_holds() {
+    let mut fx = Fixture::new("ordered_no_skip");
+    fx.insert("e", 3);
+    // Someone (a requeue, a plain run) holds e-2 for a moment.
+    let mut other = connect_db();
+    let mut tx = other.transaction().unwrap();
+    let sql = format!(
+        "SELECT 1 FROM {} WHERE event_id = 'e-2' FOR UPDATE",
+        fx.quoted_table()
+    );
+    tx.execute(&sql, &[]).unwrap();
+
+    // A plain claim skips the held row (that is what keeps plain runs
+    // apart); a dry run shows it without publishing anything.
+    let plain = fx.run(&["--dry-run"]);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    let claimed: Vec<String> = plain
+        .stdout
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["event_id"].to_string()
+        })
+        .collect();
+    assert_eq!(claimed, [r#""e-1""#, r#""e-3""#]);
+
+    // An ordered run must wait for it instead of publishing e-3 first.
+    let mut command = fx.command();
+    command.args(["--ordered", "--json"]).stdout(Stdio::piped());
+    let ordered = command.spawn().unwrap();
+    sleep(Duration::from_millis(500));
+    tx.rollback().unwrap();
+    let output = ordered.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(ids(&fx), ["e-1", "e-2", "e-3"], "e-3 never overtook e-2");
+}
+
 /// ok-1, ok-2, then an unroutable event, then ok-4, ok-5.
 fn stream_with_unroutable_third(fx: &mut Fixture) {
     fx.route_only("ok.#");
