@@ -220,23 +220,33 @@ fn assert_broker_fault_lost_nothing(fx: &mut Fixture, first: &Done) {
     }
 }
 
-#[test]
-fn broker_cut_mid_batch_marks_only_confirmed_events_and_a_rerun_delivers_the_rest() {
-    let mut fx = Fixture::new("broker_cut");
+/// A run of 400 events whose broker took the first STALL_AT bytes and
+/// confirmed what was in them, the rest held back by the proxy.
+fn stalled_mid_batch(fx: &mut Fixture, confirm_timeout: &str) -> (Proxy, Child, Instant) {
     fx.insert("e", 400);
     let broker = Proxy::start(amqp_addr());
     broker.stall_upstream_after(STALL_AT);
     let env = env_via(Some(&broker), None);
     let since = Instant::now();
-    let child = spawn(
-        &fx,
-        &env,
-        &["--batch-size", "400", "--confirm-timeout", "60s", "--json"],
-    );
+    let args = [
+        "--batch-size",
+        "400",
+        "--confirm-timeout",
+        confirm_timeout,
+        "--json",
+    ];
+    let child = spawn(fx, &env, &args);
     assert!(broker.wait_for_upstream(STALL_AT, NO_HANG));
-    // What got through is queued, and its confirms are on their way back.
+    // What got through is queued, and its confirms have come back.
     assert!(wait_until(NO_HANG, || fx.amqp.queue_length(&fx.queue) > 0));
     assert!(broker.wait_for_quiet_downstream(Duration::from_millis(500), NO_HANG));
+    (broker, child, since)
+}
+
+#[test]
+fn broker_cut_mid_batch_marks_only_confirmed_events_and_a_rerun_delivers_the_rest() {
+    let mut fx = Fixture::new("broker_cut");
+    let (broker, child, since) = stalled_mid_batch(&mut fx, "60s");
     broker.cut();
     let done = finish(child, since);
     assert_outage(&done);
@@ -271,19 +281,7 @@ fn broker_stall_mid_batch_exits_69_soon_after_the_confirm_timeout_and_loses_noth
 #[test]
 fn broker_black_hole_after_connect_exits_69_soon_after_the_confirm_timeout() {
     let mut fx = Fixture::new("broker_black_hole");
-    fx.insert("e", 400);
-    let broker = Proxy::start(amqp_addr());
-    broker.stall_upstream_after(STALL_AT);
-    let env = env_via(Some(&broker), None);
-    let since = Instant::now();
-    let child = spawn(
-        &fx,
-        &env,
-        &["--batch-size", "400", "--confirm-timeout", "3s", "--json"],
-    );
-    assert!(broker.wait_for_upstream(STALL_AT, NO_HANG));
-    assert!(wait_until(NO_HANG, || fx.amqp.queue_length(&fx.queue) > 0));
-    assert!(broker.wait_for_quiet_downstream(Duration::from_millis(500), NO_HANG));
+    let (broker, child, since) = stalled_mid_batch(&mut fx, "3s");
     broker.stall(); // nothing moves either way, every socket stays open
     let done = finish(child, since);
     assert_outage(&done);
