@@ -16,6 +16,7 @@ mod progress;
 mod prune;
 mod publisher;
 mod requeue;
+mod round;
 mod status;
 mod stop;
 mod table;

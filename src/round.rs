@@ -1,0 +1,229 @@
+//! One pipelined round: every publish of a list of events sent before any
+//! confirm is awaited, then every confirm awaited and matched to its event.
+//! `Publisher` runs rounds and decides what a failed one means.
+
+use std::collections::HashSet;
+use std::task::Poll;
+
+use anyhow::anyhow;
+use lapin::options::BasicPublishOptions;
+use lapin::types::ShortString;
+use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+use tokio::time::{Instant, timeout_at};
+
+use crate::outbox::Event;
+
+/// The result of one pipelined round.
+#[derive(Default)]
+pub struct Round {
+    pub confirmed: Vec<i64>,
+    pub failed: Vec<(i64, String)>,
+    /// Row ids with no answer from the broker.
+    pub unresolved: HashSet<i64>,
+    pub error: Option<anyhow::Error>,
+    pub timed_out: bool,
+}
+
+/// Publishes in flight at once: enough to keep the socket full, few enough
+/// that a large batch does not hold thousands of publish futures and their
+/// frames in memory at once.
+const PUBLISH_WINDOW: usize = 1000;
+
+/// Issues the round's publishes a window at a time, every publish of a
+/// window before waiting for any of them, so the round goes out as one
+/// stream instead of one io-thread hand-off per message; then awaits the
+/// confirms. After the first publish that fails (or times out), that event
+/// and every later one are unresolved (left as they were), and nothing
+/// after it is sent, exactly as when they went one by one.
+pub async fn publish_round(
+    channel: &Channel,
+    exchange: &str,
+    events: &[&Event],
+    deadline: Instant,
+) -> Round {
+    let mut round = Round::default();
+    let mut too_long = Vec::new();
+    let mut sendable = Vec::with_capacity(events.len());
+    for (position, &event) in events.iter().enumerate() {
+        match short_strings(event) {
+            Some(strings) => sendable.push((position, event, strings)),
+            None => too_long.push(position),
+        }
+    }
+    let mut pending: Vec<(&Event, PublisherConfirm)> = Vec::with_capacity(sendable.len());
+    let mut stopped_at = events.len();
+    let mut rest = sendable.into_iter().peekable();
+    'windows: while rest.peek().is_some() {
+        let window: Vec<_> = rest.by_ref().take(PUBLISH_WINDOW).collect();
+        let sent: Vec<(usize, &Event)> = window.iter().map(|(p, e, _)| (*p, *e)).collect();
+        let results = match timeout_at(deadline, issue(channel, exchange, window)).await {
+            Ok(results) => results,
+            Err(_) => {
+                round.timed_out = true;
+                round.error = Some(anyhow!("publishing timed out"));
+                stopped_at = sent[0].0;
+                round
+                    .unresolved
+                    .extend(events[stopped_at..].iter().map(|e| e.id));
+                break;
+            }
+        };
+        for ((position, event), result) in sent.into_iter().zip(results) {
+            match result {
+                Ok(confirm) => pending.push((event, confirm)),
+                Err(error) => {
+                    round.error = Some(error.into());
+                    stopped_at = position;
+                    round
+                        .unresolved
+                        .extend(events[position..].iter().map(|e| e.id));
+                    break 'windows;
+                }
+            }
+        }
+    }
+    for position in too_long.into_iter().take_while(|&p| p < stopped_at) {
+        round.failed.push((
+            events[position].id,
+            "event_type or event_id is longer than AMQP's 255 bytes".into(),
+        ));
+    }
+    await_confirms(pending, deadline, &mut round).await;
+    round
+}
+
+/// Creates a window's publish futures and drives them together, returning
+/// each one's result in order. lapin does all of a publish's work (taking
+/// the confirm's delivery tag, queueing its frames for the io thread) in
+/// the first poll of its future, so polling them first in order gives
+/// delivery tags and wire order in event order.
+async fn issue(
+    channel: &Channel,
+    exchange: &str,
+    window: Vec<(usize, &Event, (ShortString, ShortString))>,
+) -> Vec<lapin::Result<PublisherConfirm>> {
+    let options = BasicPublishOptions {
+        mandatory: true,
+        immediate: false,
+    };
+    let mut publishes: Vec<_> = window
+        .into_iter()
+        .map(|(_, event, (routing_key, message_id))| {
+            Box::pin(channel.basic_publish(
+                exchange.into(),
+                routing_key,
+                options,
+                event.payload.as_bytes(),
+                properties(event, message_id),
+            ))
+        })
+        .collect();
+    let mut results: Vec<Option<lapin::Result<PublisherConfirm>>> = std::iter::repeat_with(|| None)
+        .take(publishes.len())
+        .collect();
+    // Every future is polled once, in order; after that, since the io
+    // thread writes (and so completes) them in order, a wake-up resumes at
+    // the first one still pending instead of re-polling the whole window.
+    let mut first_pass = true;
+    let mut next = 0;
+    std::future::poll_fn(|cx| {
+        for index in next..publishes.len() {
+            if results[index].is_some() {
+                continue;
+            }
+            match publishes[index].as_mut().poll(cx) {
+                Poll::Ready(result) => results[index] = Some(result),
+                Poll::Pending if first_pass => {}
+                Poll::Pending => break,
+            }
+        }
+        first_pass = false;
+        while results.get(next).is_some_and(Option::is_some) {
+            next += 1;
+        }
+        if next == results.len() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    results.into_iter().flatten().collect()
+}
+
+/// Awaits each confirm in turn. Returns (unroutable messages) come attached
+/// to whichever confirm completes next, not to their own, so they are
+/// collected first and matched to events by message_id afterwards.
+async fn await_confirms(
+    pending: Vec<(&Event, PublisherConfirm)>,
+    deadline: Instant,
+    round: &mut Round,
+) {
+    let mut acked = Vec::new();
+    let mut returned = Vec::new();
+    for (event, confirm) in pending {
+        if round.timed_out {
+            round.unresolved.insert(event.id);
+            continue;
+        }
+        match timeout_at(deadline, confirm).await {
+            Ok(Ok(Confirmation::Ack(message))) => {
+                acked.push(event);
+                returned.extend(message);
+            }
+            Ok(Ok(Confirmation::Nack(message))) => {
+                round.failed.push((event.id, "nacked by the broker".into()));
+                returned.extend(message);
+            }
+            Ok(Ok(Confirmation::NotRequested)) => {
+                round.unresolved.insert(event.id);
+                round
+                    .error
+                    .get_or_insert(anyhow!("the channel is not in confirm mode"));
+            }
+            Ok(Err(error)) => {
+                round.unresolved.insert(event.id);
+                round.error.get_or_insert(error.into());
+            }
+            Err(_) => {
+                round.unresolved.insert(event.id);
+                round.error.get_or_insert(anyhow!("confirms timed out"));
+                round.timed_out = true;
+            }
+        }
+    }
+    let returned: Vec<(String, String)> = returned
+        .iter()
+        .filter_map(|message| {
+            let id = message.delivery.properties.message_id().as_ref()?;
+            let reason = format!(
+                "returned unroutable by the broker: {} {} (no queue is bound for routing key {:?} on exchange {:?})",
+                message.reply_code, message.reply_text, message.delivery.routing_key.as_str(), message.delivery.exchange.as_str()
+            );
+            Some((id.to_string(), reason))
+        })
+        .collect();
+    for event in acked {
+        match returned.iter().find(|(id, _)| *id == event.event_id) {
+            Some((_, reason)) => round.failed.push((event.id, reason.clone())),
+            None => round.confirmed.push(event.id),
+        }
+    }
+}
+
+fn short_strings(event: &Event) -> Option<(ShortString, ShortString)> {
+    let routing_key = ShortString::try_new(event.event_type.as_str()).ok()?;
+    let message_id = ShortString::try_new(event.event_id.as_str()).ok()?;
+    Some((routing_key, message_id))
+}
+
+/// The message properties CONTRACT.md fixes.
+fn properties(event: &Event, message_id: ShortString) -> BasicProperties {
+    BasicProperties::default()
+        .with_message_id(message_id)
+        .with_type(ShortString::try_new(event.event_type.as_str()).unwrap_or_default())
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_timestamp(event.created_at.max(0) as u64)
+        .with_app_id("outbox-poll".into())
+}
