@@ -88,7 +88,7 @@ pub fn run(
             "try again once PostgreSQL is reachable",
         )
     })?;
-    if poll.ordered && !outbox.try_lock(&mut tx)? {
+    if !outbox.try_lock(&mut tx)? {
         commit(tx)?;
         return Ok(Ended::LockTaken);
     }

@@ -19,11 +19,26 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 
+use postgres::Client;
+
 use crate::batch::Totals;
 use crate::config::{Database, Poll};
-use crate::db;
 use crate::exit;
 use crate::status::{self, Figures};
+
+/// The backlog for the metrics file, read on the run's own connection
+/// (no second connect): `None` when no file is wanted or it cannot be read,
+/// for instance after the connection was lost.
+pub fn backlog(client: &mut Client, database: &Database, poll: &Poll) -> Option<Figures> {
+    poll.metrics_file.as_ref()?;
+    match status::figures(client, &database.table, database.max_attempts) {
+        Ok(figures) => Some(figures),
+        Err(error) => {
+            log::warn!("metrics without the backlog: {error:#}");
+            None
+        }
+    }
+}
 
 /// Writes the metrics file if --metrics-file asks for one; hands back the
 /// run's result, or a configuration error if the file could not be written.
@@ -31,6 +46,7 @@ pub fn after_run(
     database: &Database,
     poll: &Poll,
     totals: &Totals,
+    backlog: Option<Figures>,
     started: Instant,
     result: Result<u8>,
 ) -> Result<u8> {
@@ -40,19 +56,6 @@ pub fn after_run(
     let code = match &result {
         Ok(code) => *code,
         Err(error) => exit::code_of(error),
-    };
-    let backlog = db::connect(
-        &database.config,
-        database.connect_timeout,
-        database.idle_limit,
-    )
-    .and_then(|mut client| status::figures(&mut client, &database.table, database.max_attempts));
-    let backlog = match backlog {
-        Ok(figures) => Some(figures),
-        Err(error) => {
-            log::warn!("metrics without the backlog: {error:#}");
-            None
-        }
     };
     let ended = SystemTime::now()
         .duration_since(UNIX_EPOCH)

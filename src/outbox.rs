@@ -42,7 +42,8 @@ pub struct Outbox {
     claim: Statement,
     mark_published: Statement,
     mark_failed: Statement,
-    try_lock: Statement,
+    /// Only in ordered mode: plain runs take no table lock at all.
+    try_lock: Option<Statement>,
 }
 
 impl Outbox {
@@ -67,7 +68,10 @@ impl Outbox {
             claim: prepare(client, &claim_sql)?,
             mark_published: prepare(client, &mark_published_sql(&quoted))?,
             mark_failed: prepare(client, &mark_failed_sql(&quoted))?,
-            try_lock: prepare(client, TRY_LOCK_SQL)?,
+            try_lock: match ordered {
+                true => Some(prepare(client, TRY_LOCK_SQL)?),
+                false => None,
+            },
             table: table.clone(),
             max_attempts,
         })
@@ -103,14 +107,18 @@ impl Outbox {
         })
     }
 
-    /// Takes the table's ordered-mode lock for this transaction, if free.
+    /// In ordered mode, takes the table's lock for this transaction if it
+    /// is free; plain runs need none and always go ahead.
     ///
     /// A transaction-level advisory lock rather than a session one: it is
     /// released by the same COMMIT or ROLLBACK that releases the row locks,
     /// and by the server if the connection dies, so it can never leak.
     pub fn try_lock(&self, tx: &mut Transaction) -> Result<bool> {
+        let Some(statement) = &self.try_lock else {
+            return Ok(true);
+        };
         let row = tx
-            .query_one(&self.try_lock, &[&self.table.quoted()])
+            .query_one(statement, &[&self.table.quoted()])
             .map_err(|error| {
                 classify_on_table(&error, "taking the ordered-mode lock", &self.table)
             })?;

@@ -12,11 +12,12 @@ use crate::exit;
 use crate::metrics;
 use crate::outbox::Outbox;
 use crate::progress::Progress;
+use crate::status::Figures;
 use crate::stop::Stop;
 use crate::watchdog::{self, Watchdog};
 
-/// Closing the broker connection is bounded in `Publisher::close`; this
-/// only catches a close that ignores its own bound.
+/// Closing the broker connection is bounded in `Publisher::close`, and
+/// writing the metrics file is local; this only catches one that hangs.
 const CLOSE_BUDGET: Duration = Duration::from_secs(5);
 
 /// Runs the poll and returns its exit code. With --json the summary is
@@ -30,13 +31,17 @@ pub fn run(json: bool, settings: Result<(Database, Poll)>) -> Result<u8> {
                 print_summary(totals, started, exit::UNAVAILABLE);
             }
         })?;
-        let result = drain(&database, &poll, &watchdog, &mut totals, started);
-        watchdog.arm(
-            database.connect_timeout + db::STATEMENT_TIMEOUT + watchdog::MARGIN,
-            "writing the metrics file",
-            totals,
+        let mut backlog = None;
+        let result = drain(
+            &database,
+            &poll,
+            &watchdog,
+            &mut totals,
+            &mut backlog,
+            started,
         );
-        let result = metrics::after_run(&database, &poll, &totals, started, result);
+        watchdog.arm(CLOSE_BUDGET, "writing the metrics file", totals);
+        let result = metrics::after_run(&database, &poll, &totals, backlog, started, result);
         watchdog.disarm();
         result
     });
@@ -55,6 +60,7 @@ fn drain(
     poll: &Poll,
     watchdog: &Watchdog,
     totals: &mut Totals,
+    backlog: &mut Option<Figures>,
     started: Instant,
 ) -> Result<u8> {
     let stop = Stop::install()?;
@@ -91,6 +97,9 @@ fn drain(
     progress.finish(totals);
     watchdog.arm(CLOSE_BUDGET, "closing the broker connection", *totals);
     broker.close();
+    let budget = db::STATEMENT_TIMEOUT + watchdog::MARGIN;
+    watchdog.arm(budget, "reading the backlog for the metrics file", *totals);
+    *backlog = metrics::backlog(&mut client, database, poll);
     result?;
     Ok(match stop.requested() {
         Some(code) => code,

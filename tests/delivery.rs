@@ -56,7 +56,7 @@ fn six_concurrent_drains_deliver_each_of_20000_events_exactly_once() {
 #[test]
 fn unroutable_events_count_an_attempt_and_are_not_retried_before_their_backoff() {
     let mut fx = Fixture::new("unroutable");
-    fx.amqp.bind_only(&fx.exchange, &fx.queue, "order.#"); // only order.* has a queue
+    fx.route_only("order.#"); // only order.* has a queue
     fx.insert_event("routable-1", "order.created", "{}");
     fx.insert_event("lost-1", "nobody.listens", "{}");
     fx.insert_event("routable-2", "order.paid", "{}");
@@ -97,7 +97,7 @@ fn returns_fail_exactly_the_unroutable_events_of_a_large_batch() {
     // must count against its own event (matched by message_id: lapin may
     // hand a return to whichever confirm completes next) and no other.
     let mut fx = Fixture::new("returns_by_id");
-    fx.amqp.bind_only(&fx.exchange, &fx.queue, "order.#");
+    fx.route_only("order.#");
     fx.execute(
         "INSERT INTO {table} (event_id, event_type, payload) \
          SELECT 'e-' || g, CASE WHEN g % 7 IN (0, 3) THEN 'nobody.listens' ELSE 'order.created' END, '{}' \
@@ -157,7 +157,7 @@ fn nacked_events_count_an_attempt_and_the_rest_are_marked() {
 #[test]
 fn backoff_grows_with_attempts_and_is_capped() {
     let mut fx = Fixture::new("backoff");
-    fx.amqp.bind_only(&fx.exchange, &fx.queue, "none");
+    fx.route_only("none");
     fx.insert("e", 3);
     fx.execute("UPDATE {table} SET attempts = CASE id WHEN 1 THEN 0 WHEN 2 THEN 5 ELSE 30 END");
     // The run's claim time lies between these two readings of the clock.

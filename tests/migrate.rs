@@ -148,7 +148,7 @@ fn a_reference_table_with_serial_id_and_bigint_attempts_works_with_every_command
          published_at timestamptz, attempts bigint NOT NULL DEFAULT 0); \
          INSERT INTO {table} (event_id, event_type, payload) VALUES ('a', 'order.created', '{}'), ('b', 'nobody.listens', '{}');",
     );
-    fx.amqp.bind_only(&fx.exchange, &fx.queue, "order.#");
+    fx.route_only("order.#");
     assert_eq!(fx.run(&["migrate"]).code, 0);
     let run = fx.run(&["--json"]);
     assert_eq!(run.code, 1, "{}", run.stderr);

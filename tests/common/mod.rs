@@ -379,44 +379,9 @@ impl Amqp {
                 )
                 .await
                 .unwrap();
-            self.channel
-                .queue_declare(
-                    queue.into(),
-                    QueueDeclareOptions {
-                        durable: true,
-                        ..Default::default()
-                    },
-                    arguments,
-                )
-                .await
-                .unwrap();
-            self.channel
-                .queue_bind(
-                    queue.into(),
-                    exchange.into(),
-                    binding.into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap();
         });
-    }
-
-    /// Replaces the fixture's catch-all binding with `binding` alone.
-    pub fn bind_only(&self, exchange: &str, queue: &str, binding: &str) {
-        self.declare(exchange, queue, binding);
-        self.runtime.block_on(async {
-            self.channel
-                .queue_unbind(
-                    queue.into(),
-                    exchange.into(),
-                    "#".into(),
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap();
-        });
+        self.declare_queue(queue, arguments);
+        self.bind(queue, exchange, binding);
     }
 
     pub fn delete(&self, exchange: &str, queue: &str) {
