@@ -31,16 +31,29 @@ pub struct Figures {
 }
 
 impl Figures {
-    /// CONTRACT.md's object, its fields in the contract's order (serde_json
-    /// would sort them).
-    pub fn to_json(self) -> String {
-        let age = self
-            .oldest_pending_age_s
-            .map_or_else(|| "null".to_string(), |age| age.to_string());
-        format!(
-            "{{\"pending\":{},\"due\":{},\"retrying\":{},\"dead\":{},\"oldest_pending_age_s\":{age}}}",
-            self.pending, self.due, self.retrying, self.dead
-        )
+    /// CONTRACT.md's object (serde_json's preserve_order keeps the
+    /// contract's field order).
+    pub fn to_json(self) -> serde_json::Value {
+        serde_json::json!({
+            "pending": self.pending,
+            "due": self.due,
+            "retrying": self.retrying,
+            "dead": self.dead,
+            "oldest_pending_age_s": self.oldest_pending_age_s,
+        })
+    }
+
+    /// The table's figures from its per-type ones: no second query.
+    fn sum(types: &[(String, Figures)]) -> Figures {
+        types
+            .iter()
+            .fold(Figures::default(), |total, (_, figures)| Figures {
+                pending: total.pending + figures.pending,
+                due: total.due + figures.due,
+                retrying: total.retrying + figures.retrying,
+                dead: total.dead + figures.dead,
+                oldest_pending_age_s: total.oldest_pending_age_s.max(figures.oldest_pending_age_s),
+            })
     }
 }
 
@@ -105,32 +118,27 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<u8> {
         database.connect_timeout,
         database.idle_limit,
     )?;
-    let total = figures(&mut client, &database.table, database.max_attempts)?;
-    let by_type = if args.by_type {
-        Some(query(
+    let by_type = match args.by_type {
+        true => Some(query(
             &mut client,
             &database.table,
             database.max_attempts,
             true,
-        )?)
-    } else {
-        None
+        )?),
+        false => None,
+    };
+    let total = match &by_type {
+        Some(types) => Figures::sum(types),
+        None => figures(&mut client, &database.table, database.max_attempts)?,
     };
     if json {
         let mut object = total.to_json();
         if let Some(types) = &by_type {
-            let fields: Vec<String> = types
+            let types: serde_json::Map<String, serde_json::Value> = types
                 .iter()
-                .map(|(kind, figures)| {
-                    format!(
-                        "{}:{}",
-                        serde_json::Value::from(kind.as_str()),
-                        figures.to_json()
-                    )
-                })
+                .map(|(kind, figures)| (kind.clone(), figures.to_json()))
                 .collect();
-            object.pop(); // the closing brace
-            object.push_str(&format!(",\"by_type\":{{{}}}}}", fields.join(",")));
+            object["by_type"] = types.into();
         }
         println!("{object}");
     } else {
@@ -254,7 +262,7 @@ mod tests {
             oldest_pending_age_s: None,
         };
         assert_eq!(
-            figures.to_json(),
+            figures.to_json().to_string(),
             r#"{"pending":3,"due":2,"retrying":1,"dead":4,"oldest_pending_age_s":null}"#
         );
     }
