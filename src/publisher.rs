@@ -6,7 +6,6 @@
 //! the rest of the program (and the synchronous postgres client, which
 //! panics inside an async context) stays plain blocking code.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -134,19 +133,11 @@ impl Publisher {
                 outcome.outage = Some(self.outage(error, result.timed_out));
                 break;
             }
-            let settled: HashSet<i64> = round
-                .iter()
-                .map(|e| e.id)
-                .filter(|id| !result.unresolved.contains(id))
-                .collect();
             if alone {
-                outcome.failed.push((
-                    rest[0].id,
-                    format!("the broker closed the channel over this message: {error}"),
-                ));
-                rest.remove(0);
+                outcome.failed.push(culprit(rest.remove(0), &error));
             } else {
-                rest.retain(|event| !settled.contains(&event.id));
+                // The round was all of `rest`: what it left unresolved remains.
+                rest.retain(|event| result.unresolved.contains(&event.id));
             }
             alone = !alone;
             if let Err(error) = self.reopen_channel(deadline) {
@@ -178,10 +169,7 @@ impl Publisher {
                 if result.timed_out || !self.channel_closed_by_broker(&error, true) {
                     outcome.outage = Some(self.outage(error, result.timed_out));
                 } else {
-                    outcome.failed.push((
-                        event.id,
-                        format!("the broker closed the channel over this message: {error}"),
-                    ));
+                    outcome.failed.push(culprit(event, &error));
                     if let Err(error) = self.reopen_channel(deadline) {
                         outcome.outage = Some(error);
                     }
@@ -247,6 +235,12 @@ impl Publisher {
             ))
         }
     }
+}
+
+/// The failure recorded against a message the broker closed the channel over.
+fn culprit(event: &Event, error: &anyhow::Error) -> (i64, String) {
+    let reason = format!("the broker closed the channel over this message: {error}");
+    (event.id, reason)
 }
 
 async fn open_channel(connection: &Connection, config: &BrokerConfig) -> Result<Channel> {
