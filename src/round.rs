@@ -109,12 +109,13 @@ async fn issue(
     let mut publishes: Vec<_> = window
         .into_iter()
         .map(|(_, event, (routing_key, message_id))| {
+            let properties = properties(event, routing_key.clone(), message_id);
             Box::pin(channel.basic_publish(
                 exchange.into(),
                 routing_key,
                 options,
                 event.payload.as_bytes(),
-                properties(event, message_id),
+                properties,
             ))
         })
         .collect();
@@ -218,10 +219,11 @@ fn short_strings(event: &Event) -> Option<(ShortString, ShortString)> {
 }
 
 /// The message properties CONTRACT.md fixes.
-fn properties(event: &Event, message_id: ShortString) -> BasicProperties {
+/// `kind` is the event type, already checked to fit a short string.
+fn properties(event: &Event, kind: ShortString, message_id: ShortString) -> BasicProperties {
     BasicProperties::default()
         .with_message_id(message_id)
-        .with_type(ShortString::try_new(event.event_type.as_str()).unwrap_or_default())
+        .with_type(kind)
         .with_content_type("application/json".into())
         .with_delivery_mode(2)
         .with_timestamp(event.created_at.max(0) as u64)
