@@ -26,8 +26,6 @@ pub struct Database {
     pub table: TableName,
     pub max_attempts: i32,
     pub connect_timeout: Duration,
-    /// The server ends a transaction left idle this long (see `db::connect`).
-    pub idle_limit: Duration,
 }
 
 /// What a poll run does.
@@ -54,13 +52,19 @@ impl Database {
             table,
             max_attempts: args.max_attempts,
             connect_timeout: args.connect_timeout,
-            idle_limit: IDLE_MARGIN + args.connect_timeout,
         })
+    }
+
+    /// How long the server lets a transaction of ours sit idle before it
+    /// ends it and frees its rows (see `db::connect`): the subcommands never
+    /// wait on anything but PostgreSQL itself.
+    pub fn idle_limit(&self) -> Duration {
+        IDLE_MARGIN + self.connect_timeout
     }
 }
 
 impl Poll {
-    pub fn from_cli(cli: &Cli, database: &mut Database) -> Result<Self> {
+    pub fn from_cli(cli: &Cli, database: &Database) -> Result<Self> {
         let args: &PollArgs = &cli.poll;
         let uri = urls::amqp_uri(&args.amqp_url).map_err(exit::config)?;
         if args.exchange.len() > MAX_EXCHANGE_BYTES {
@@ -68,11 +72,6 @@ impl Poll {
                 "the exchange name is longer than AMQP's {MAX_EXCHANGE_BYTES} bytes"
             )));
         }
-        // While we wait for the broker the transaction is idle; it must
-        // outlive the longest legitimate wait, or the server would end it
-        // between publishing and marking. That wait is the broker connect
-        // and its channel (--connect-timeout each), then the confirms.
-        database.idle_limit = IDLE_MARGIN + 2 * database.connect_timeout + args.confirm_timeout;
         Ok(Poll {
             broker: BrokerConfig {
                 uri,
@@ -89,5 +88,14 @@ impl Poll {
             dry_run: args.dry_run,
             metrics_file: args.metrics_file.clone(),
         })
+    }
+
+    /// While a batch waits for the broker its transaction is idle; the
+    /// limit must outlive the longest legitimate wait, or the server would
+    /// end the transaction between publishing and marking. That wait is the
+    /// broker connect and its channel (--connect-timeout each), then the
+    /// confirms.
+    pub fn idle_limit(&self) -> Duration {
+        IDLE_MARGIN + 2 * self.broker.connect_timeout + self.broker.confirm_timeout
     }
 }

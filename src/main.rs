@@ -48,8 +48,8 @@ fn run(cli: &Cli) -> Result<u8> {
     let database = Database::from_args(&cli.database, &urls::process_env);
     match &cli.command {
         None => {
-            let settings = database.and_then(|mut database| {
-                let poll = Poll::from_cli(cli, &mut database)?;
+            let settings = database.and_then(|database| {
+                let poll = Poll::from_cli(cli, &database)?;
                 Ok((database, poll))
             });
             poll::run(cli.json, settings)

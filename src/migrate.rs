@@ -32,7 +32,7 @@ pub fn run(database: &Database) -> Result<u8> {
     let mut client = db::connect(
         &database.config,
         database.connect_timeout,
-        database.idle_limit,
+        database.idle_limit(),
     )?;
     let mut tx = client
         .transaction()

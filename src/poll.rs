@@ -72,7 +72,7 @@ fn drain(
     let mut client = db::connect(
         &database.config,
         database.connect_timeout,
-        database.idle_limit,
+        poll.idle_limit(),
     )?;
     let outbox = Outbox::prepare(
         &mut client,

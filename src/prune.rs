@@ -71,7 +71,7 @@ pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<u8> {
     let mut client = db::connect(
         &database.config,
         database.connect_timeout,
-        database.idle_limit,
+        database.idle_limit(),
     )?;
     // Counting and deleting may scan the whole table (see BATCH_TIMEOUT).
     client

@@ -24,7 +24,7 @@ pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<u8> {
     let mut client = db::connect(
         &database.config,
         database.connect_timeout,
-        database.idle_limit,
+        database.idle_limit(),
     )?;
     let table = &database.table;
     let on_table = |error: postgres::Error| db::classify_on_table(&error, "requeueing", table);

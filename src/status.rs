@@ -116,7 +116,7 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<u8> {
     let mut client = db::connect(
         &database.config,
         database.connect_timeout,
-        database.idle_limit,
+        database.idle_limit(),
     )?;
     let by_type = match args.by_type {
         true => Some(query(

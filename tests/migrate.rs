@@ -116,7 +116,7 @@ fn migrate_into_a_missing_schema_exits_78_saying_so() {
 }
 
 #[test]
-fn concurrent_migrations_both_succeed() {
+fn concurrent_migrations_all_succeed() {
     let fx = Fixture::bare("migrate_concurrent");
     let children: Vec<_> = (0..4)
         .map(|_| {
