@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::proxy::{Direction, Proxy};
 use common::{
-    Amqp, Fixture, Row, amqp_addr, amqp_url_via, database_addr, database_url_via, wait_until,
+    Amqp, Fixture, Row, amqp_addr, amqp_url_via, database_addr, database_url_via, row, wait_until,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
@@ -639,10 +639,6 @@ fn insert_around(fx: &mut Fixture, poison_id: &str, poison_type: &str) {
     for n in 4..=6 {
         fx.insert_event(&format!("ok-{n}"), "ok.created", r#"{"n": 1}"#);
     }
-}
-
-fn row<'r>(rows: &'r [Row], event_id: &str) -> &'r Row {
-    rows.iter().find(|row| row.event_id == event_id).unwrap()
 }
 
 /// The poison event failed once, with `reason` in its last_error; every

@@ -10,14 +10,10 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
-use common::{Fixture, Row, amqp_addr, amqp_url_via, connect_db};
+use common::{Fixture, Row, amqp_addr, amqp_url_via, connect_db, row};
 
 fn ids(fx: &Fixture) -> Vec<String> {
     fx.messages().into_iter().map(|m| m.message_id).collect()
-}
-
-fn row<'r>(rows: &'r [Row], event_id: &str) -> &'r Row {
-    rows.iter().find(|row| row.event_id == event_id).unwrap()
 }
 
 fn untouched(row: &Row) -> bool {

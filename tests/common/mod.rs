@@ -106,6 +106,13 @@ pub struct Row {
     pub due_in_s: f64,
 }
 
+/// The row of `event_id` among `rows`.
+pub fn row<'r>(rows: &'r [Row], event_id: &str) -> &'r Row {
+    rows.iter()
+        .find(|row| row.event_id == event_id)
+        .unwrap_or_else(|| panic!("no row {event_id}"))
+}
+
 /// The result of one run of the binary.
 pub struct Run {
     pub code: i32,
