@@ -1,14 +1,17 @@
-//! One batch: one transaction from claim to commit.
+//! One batch: one transaction from claim to commit, in two halves. `start`
+//! claims and hands the events to the broker; `finish` awaits the confirms,
+//! marks and commits. A drain may start the next batch, on a session of its
+//! own, before it finishes this one.
 
 use std::io::Write;
 
 use anyhow::{Context, Result};
-use postgres::{Client, Transaction};
+use postgres::Client;
 
-use crate::config::Poll;
+use crate::config::{Database, Poll};
 use crate::db;
 use crate::outbox::{Event, Outbox};
-use crate::publisher::{BrokerConfig, Publisher};
+use crate::publisher::{BrokerConfig, Outcome, Publisher, Sent};
 use crate::stop::Stop;
 
 /// How a batch ended, when it did not fail.
@@ -35,6 +38,79 @@ pub struct Totals {
     pub batches: u64,
 }
 
+/// One PostgreSQL session with the queries prepared on it. A batch's
+/// transaction lives on one session from its claim to its commit.
+pub struct Session {
+    pub client: Client,
+    outbox: Outbox,
+}
+
+impl Session {
+    pub fn open(database: &Database, poll: &Poll) -> Result<Self> {
+        let mut client = db::connect(
+            &database.config,
+            database.connect_timeout,
+            poll.idle_limit(),
+        )?;
+        let outbox = Outbox::prepare(
+            &mut client,
+            &database.table,
+            database.max_attempts,
+            poll.ordered,
+        )?;
+        Ok(Session { client, outbox })
+    }
+
+    fn begin(&mut self) -> Result<()> {
+        self.client.batch_execute("BEGIN").map_err(|error| {
+            db::classify(
+                &error,
+                "starting a transaction",
+                "try again once PostgreSQL is reachable",
+            )
+        })
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        self.client.batch_execute("COMMIT").map_err(|error| {
+            db::classify(
+                &error,
+                "committing the batch",
+                "nothing was marked; the events will be claimed and sent again by the next run",
+            )
+        })
+    }
+
+    /// Whatever the reason we give up on a transaction, its row locks must
+    /// go now, not when the process exits: the session may still be used
+    /// (a drain finishing its other batch, the metrics backlog). If even
+    /// this fails the connection is gone, and the server has rolled back.
+    fn roll_back(&mut self) {
+        let _ = self.client.batch_execute("ROLLBACK");
+    }
+
+    /// The marks for what the broker said, in the batch's transaction.
+    fn mark(&mut self, outcome: &Outcome) -> Result<()> {
+        let outbox = &self.outbox;
+        outbox.mark_published(&mut self.client, &outcome.confirmed)?;
+        outbox.mark_failed(&mut self.client, &outcome.failed)
+    }
+}
+
+/// A batch claimed and handed to the broker: its transaction open (its rows
+/// locked), its confirms on their way.
+pub struct InFlight {
+    events: Vec<Event>,
+    sent: Sent,
+}
+
+/// What `start` left.
+pub enum Started {
+    InFlight(InFlight),
+    /// Nothing to finish: the transaction is already over.
+    Ended(Ended),
+}
+
 /// The broker connection, opened on the first batch that has something to
 /// publish and reused by the rest of a drain.
 pub struct Broker {
@@ -58,6 +134,17 @@ impl Broker {
         Ok(self.publisher.insert(publisher))
     }
 
+    fn finish(&mut self, sent: Sent, events: &[Event]) -> Outcome {
+        match self.publisher() {
+            Ok(publisher) => publisher.finish(sent, events),
+            // Only a connected publisher sends; this is for completeness.
+            Err(error) => Outcome {
+                outage: Some(error),
+                ..Outcome::default()
+            },
+        }
+    }
+
     pub fn close(self) {
         if let Some(publisher) = self.publisher {
             publisher.close();
@@ -66,54 +153,88 @@ impl Broker {
 }
 
 /// Claims one batch, publishes it, marks the outcome and commits.
-///
-/// The row locks taken by the claim are what keep concurrent runs apart,
-/// so they must be held until the marks are committed: releasing them any
-/// earlier would let another run claim and re-send events we have already
-/// published. If anything fails before the commit, the transaction is
-/// dropped, PostgreSQL rolls it back, and the events are claimed again by
-/// a later run: a duplicate at worst, never a loss.
 pub fn run(
-    client: &mut Client,
-    outbox: &Outbox,
+    session: &mut Session,
     poll: &Poll,
     broker: &mut Broker,
     stop: &Stop,
     totals: &mut Totals,
 ) -> Result<Ended> {
-    let mut tx = client.transaction().map_err(|error| {
-        db::classify(
-            &error,
-            "starting a transaction",
-            "try again once PostgreSQL is reachable",
-        )
-    })?;
-    if !outbox.try_lock(&mut tx)? {
-        commit(tx)?;
-        return Ok(Ended::LockTaken);
+    match start(session, poll, broker, stop, totals)? {
+        Started::InFlight(batch) => finish(session, batch, broker, totals),
+        Started::Ended(ended) => Ok(ended),
     }
-    let events = outbox.claim(&mut tx, poll.batch_size)?;
+}
+
+/// Opens the batch's transaction, claims and hands the events to the broker.
+///
+/// The row locks taken by the claim are what keep concurrent runs apart,
+/// so they must be held until the marks are committed: releasing them any
+/// earlier would let another run claim and re-send events we have already
+/// published. If anything fails before the commit, the transaction is
+/// rolled back and the events are claimed again by a later run: a
+/// duplicate at worst, never a loss.
+pub fn start(
+    session: &mut Session,
+    poll: &Poll,
+    broker: &mut Broker,
+    stop: &Stop,
+    totals: &mut Totals,
+) -> Result<Started> {
+    session.begin()?;
+    let started = claim_and_send(session, poll, broker, stop, totals);
+    match &started {
+        Ok(Started::InFlight(_)) => {}
+        Ok(Started::Ended(Ended::Empty | Ended::LockTaken)) => session.commit()?,
+        Ok(Started::Ended(_)) | Err(_) => session.roll_back(),
+    }
+    started
+}
+
+fn claim_and_send(
+    session: &mut Session,
+    poll: &Poll,
+    broker: &mut Broker,
+    stop: &Stop,
+    totals: &mut Totals,
+) -> Result<Started> {
+    if !session.outbox.try_lock(&mut session.client)? {
+        return Ok(Started::Ended(Ended::LockTaken));
+    }
+    let events = session.outbox.claim(&mut session.client, poll.batch_size)?;
     if events.is_empty() {
-        commit(tx)?;
-        return Ok(Ended::Empty);
+        return Ok(Started::Ended(Ended::Empty));
     }
     if poll.dry_run {
         print_events(&events)?;
         totals.claimed += events.len() as u64;
-        return Ok(Ended::DryRun); // dropping `tx` rolls back
+        return Ok(Started::Ended(Ended::DryRun));
     }
     if stop.requested().is_some() {
-        return Ok(Ended::Stopped);
+        return Ok(Started::Ended(Ended::Stopped));
     }
-    let publisher = broker.publisher()?;
-    let outcome = if poll.ordered {
-        publisher.publish_in_order(&events)
-    } else {
-        publisher.publish(&events)
-    };
-    outbox.mark_published(&mut tx, &outcome.confirmed)?;
-    outbox.mark_failed(&mut tx, &outcome.failed)?;
-    commit(tx)?;
+    let sent = broker.publisher()?.start(&events, poll.ordered)?;
+    Ok(Started::InFlight(InFlight { events, sent }))
+}
+
+/// Awaits the batch's confirms, marks what the broker said and commits.
+///
+/// An outage ends the batch like any other outcome: what was confirmed is
+/// marked and committed, and the events with no answer are left exactly as
+/// they were (no attempt counted: the broker failing is not their fault).
+pub fn finish(
+    session: &mut Session,
+    batch: InFlight,
+    broker: &mut Broker,
+    totals: &mut Totals,
+) -> Result<Ended> {
+    let InFlight { events, sent } = batch;
+    let outcome = broker.finish(sent, &events);
+    let committed = session.mark(&outcome).and_then(|()| session.commit());
+    if committed.is_err() {
+        session.roll_back();
+    }
+    committed?;
     log_failures(&events, &outcome.failed);
     totals.batches += 1;
     totals.claimed += events.len() as u64;
@@ -130,16 +251,6 @@ pub fn run(
         Some(outage) => Err(outage),
         None => Ok(Ended::Settled),
     }
-}
-
-fn commit(tx: Transaction) -> Result<()> {
-    tx.commit().map_err(|error| {
-        db::classify(
-            &error,
-            "committing the batch",
-            "nothing was marked; the events will be claimed and sent again by the next run",
-        )
-    })
 }
 
 /// A few lines, not one per event: under cron every line is mailed.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 
 use crate::cli::{Cli, DatabaseArgs, PollArgs};
+use crate::db;
 use crate::exit;
 use crate::publisher::BrokerConfig;
 use crate::table::TableName;
@@ -94,8 +95,12 @@ impl Poll {
     /// limit must outlive the longest legitimate wait, or the server would
     /// end the transaction between publishing and marking. That wait is the
     /// broker connect and its channel (--connect-timeout each), then the
-    /// confirms.
+    /// confirms; in a drain with two batches in flight, also the next
+    /// batch's claim on the other session (one statement's time).
     pub fn idle_limit(&self) -> Duration {
-        IDLE_MARGIN + 2 * self.broker.connect_timeout + self.broker.confirm_timeout
+        IDLE_MARGIN
+            + 2 * self.broker.connect_timeout
+            + self.broker.confirm_timeout
+            + db::STATEMENT_TIMEOUT
     }
 }

@@ -5,6 +5,7 @@ mod batch;
 mod cli;
 mod config;
 mod db;
+mod drain;
 mod exit;
 mod generate;
 mod logging;

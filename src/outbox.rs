@@ -1,6 +1,7 @@
 //! The claim and mark queries: the only SQL a poll run sends.
 //!
-//! Statements are prepared once per connection and reused by every batch of
+//! Each runs in the batch's transaction, which the caller has opened on
+//! the client. Statements are prepared once per connection and reused by every batch of
 //! a drain. Preparing them all up front also checks the table's shape
 //! before anything is claimed or published: a missing column must stop the
 //! run at the start, not after the broker has the messages.
@@ -8,7 +9,7 @@
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
-use postgres::{Client, Statement, Transaction};
+use postgres::{Client, Statement};
 
 use crate::db::classify_on_table;
 use crate::exit;
@@ -78,8 +79,8 @@ impl Outbox {
     }
 
     /// Claims up to `limit` due events, locked until the transaction ends.
-    pub fn claim(&self, tx: &mut Transaction, limit: i64) -> Result<Vec<Event>> {
-        let rows = tx
+    pub fn claim(&self, client: &mut Client, limit: i64) -> Result<Vec<Event>> {
+        let rows = client
             .query(&self.claim, &[&self.max_attempts, &limit])
             .map_err(|error| classify_on_table(&error, "claiming a batch", &self.table))?;
         rows.iter().map(|row| self.event(row)).collect()
@@ -113,11 +114,11 @@ impl Outbox {
     /// A transaction-level advisory lock rather than a session one: it is
     /// released by the same COMMIT or ROLLBACK that releases the row locks,
     /// and by the server if the connection dies, so it can never leak.
-    pub fn try_lock(&self, tx: &mut Transaction) -> Result<bool> {
+    pub fn try_lock(&self, client: &mut Client) -> Result<bool> {
         let Some(statement) = &self.try_lock else {
             return Ok(true);
         };
-        let row = tx
+        let row = client
             .query_one(statement, &[&self.table.quoted()])
             .map_err(|error| {
                 classify_on_table(&error, "taking the ordered-mode lock", &self.table)
@@ -126,24 +127,26 @@ impl Outbox {
     }
 
     /// Marks the broker-confirmed events published, in one statement.
-    pub fn mark_published(&self, tx: &mut Transaction, ids: &[i64]) -> Result<()> {
+    pub fn mark_published(&self, client: &mut Client, ids: &[i64]) -> Result<()> {
         if ids.is_empty() {
             return Ok(());
         }
-        tx.execute(&self.mark_published, &[&ids])
+        client
+            .execute(&self.mark_published, &[&ids])
             .map_err(|error| classify_on_table(&error, "marking events published", &self.table))?;
         Ok(())
     }
 
     /// Counts a failed attempt against each event, in one statement.
-    pub fn mark_failed(&self, tx: &mut Transaction, failures: &[(i64, String)]) -> Result<()> {
+    pub fn mark_failed(&self, client: &mut Client, failures: &[(i64, String)]) -> Result<()> {
         if failures.is_empty() {
             return Ok(());
         }
         let ids: Vec<i64> = failures.iter().map(|(id, _)| *id).collect();
         let errors: Vec<&str> = failures.iter().map(|(_, error)| error.as_str()).collect();
         let (base, cap) = (BACKOFF_BASE.as_secs_f64(), BACKOFF_CAP.as_secs_f64());
-        tx.execute(&self.mark_failed, &[&ids, &errors, &base, &cap])
+        client
+            .execute(&self.mark_failed, &[&ids, &errors, &base, &cap])
             .map_err(|error| classify_on_table(&error, "recording failed attempts", &self.table))?;
         Ok(())
     }

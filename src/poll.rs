@@ -5,12 +5,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::batch::{self, Broker, Ended, Totals};
+use crate::batch::{Broker, Session, Totals};
 use crate::config::{Database, Poll};
 use crate::db;
+use crate::drain::Drain;
 use crate::exit;
 use crate::metrics;
-use crate::outbox::Outbox;
 use crate::progress::Progress;
 use crate::status::Figures;
 use crate::stop::Stop;
@@ -69,63 +69,32 @@ fn drain(
         "connecting to PostgreSQL and preparing the queries",
         *totals,
     );
-    let mut client = db::connect(
-        &database.config,
-        database.connect_timeout,
-        poll.idle_limit(),
-    )?;
-    let outbox = Outbox::prepare(
-        &mut client,
-        &database.table,
-        database.max_attempts,
-        poll.ordered,
-    )?;
+    let mut sessions = vec![Session::open(database, poll)?];
     let mut broker = Broker::new(poll.broker.clone());
-    let mut progress = Progress::start(&mut client, database, poll);
-    let result = loop {
-        watchdog.arm(batch_budget(poll), "the batch", *totals);
-        match batch::run(&mut client, &outbox, poll, &mut broker, &stop, totals) {
-            Ok(Ended::Settled) if poll.drain && !limit_reached(poll, totals, started) => {}
-            Ok(_) => break Ok(()),
-            Err(error) => break Err(error),
-        }
-        progress.update(totals);
-        if stop.requested().is_some() {
-            break Ok(());
-        }
-    };
+    let mut progress = Progress::start(&mut sessions[0].client, database, poll);
+    let result = Drain {
+        database,
+        poll,
+        watchdog,
+        stop: &stop,
+        broker: &mut broker,
+        progress: &mut progress,
+        totals,
+        started,
+    }
+    .run(&mut sessions);
     progress.finish(totals);
     watchdog.arm(CLOSE_BUDGET, "closing the broker connection", *totals);
     broker.close();
     let budget = db::STATEMENT_TIMEOUT + watchdog::MARGIN;
     watchdog.arm(budget, "reading the backlog for the metrics file", *totals);
-    *backlog = metrics::backlog(&mut client, database, poll);
+    *backlog = metrics::backlog(&mut sessions[0].client, database, poll);
     result?;
     Ok(match stop.requested() {
         Some(code) => code,
         None if totals.failed > 0 => exit::PARTIAL_FAILURE,
         None => exit::SUCCESS,
     })
-}
-
-/// Every bound a batch can meet, one after the other: connecting to the
-/// broker and opening its channel, the confirms, and the batch's SQL, which
-/// touches one batch of rows by primary key and so gets one statement's
-/// time in all (each statement is also bounded by the server).
-fn batch_budget(poll: &Poll) -> Duration {
-    2 * poll.broker.connect_timeout
-        + poll.broker.confirm_timeout
-        + db::STATEMENT_TIMEOUT
-        + watchdog::MARGIN
-}
-
-/// No new batch starts once --max-batches or --max-duration is reached;
-/// the batch in hand always finishes.
-fn limit_reached(poll: &Poll, totals: &Totals, started: Instant) -> bool {
-    poll.max_batches.is_some_and(|max| totals.batches >= max)
-        || poll
-            .max_duration
-            .is_some_and(|max| started.elapsed() >= max)
 }
 
 fn print_summary(totals: &Totals, started: Instant, code: u8) {

@@ -1,6 +1,7 @@
-//! The RabbitMQ side: one connection, one confirm-mode channel, and the
-//! publishing of a batch with every outcome attributed to its event (the
-//! rounds of publishes and confirms themselves are in `round.rs`).
+//! The RabbitMQ side: one connection, a confirm-mode channel for each batch
+//! in flight, and the publishing of a batch with every outcome attributed
+//! to its event (the rounds of publishes and confirms themselves are in
+//! `round.rs`).
 //!
 //! lapin is async only; this module owns a small runtime and hides it, so
 //! the rest of the program (and the synchronous postgres client, which
@@ -19,7 +20,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 use crate::cli::ExchangeKind;
 use crate::exit;
 use crate::outbox::Event;
-use crate::round::publish_round;
+use crate::round::{Issued, await_round, issue_round, publish_round};
 use crate::urls::describe_broker;
 
 /// Closing politely is a courtesy to the broker's logs, not a correctness
@@ -52,8 +53,25 @@ pub struct Outcome {
 pub struct Publisher {
     runtime: Runtime,
     connection: Connection,
-    channel: Channel,
+    /// Open channels no batch is using. Each batch in flight has a channel
+    /// of its own: returns and channel closes are per channel, so a batch
+    /// can never be blamed for another's unroutable or oversized message.
+    idle: Vec<Channel>,
     config: BrokerConfig,
+}
+
+/// A batch handed to the broker, its confirms not yet awaited.
+pub enum Sent {
+    /// The first round is on the wire; `finish` awaits it (and whatever
+    /// rounds a channel close makes necessary).
+    Pipelined {
+        channel: Channel,
+        first: Box<Issued>,
+        deadline: Instant,
+    },
+    /// --ordered sends nothing ahead: every event waits for the confirm of
+    /// the one before it, so all of its publishing happens in `finish`.
+    Ordered,
 }
 
 impl Publisher {
@@ -95,13 +113,45 @@ impl Publisher {
         Ok(Publisher {
             runtime,
             connection,
-            channel,
+            idle: vec![channel],
             config: config.clone(),
         })
     }
 
-    /// Publishes every event, then awaits all their confirms, within
-    /// --confirm-timeout for the whole batch.
+    /// Hands a batch to the broker: issues every publish and returns
+    /// without awaiting a confirm. --confirm-timeout counts from here.
+    pub fn start(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
+        if ordered {
+            return Ok(Sent::Ordered);
+        }
+        let deadline = Instant::now() + self.config.confirm_timeout;
+        let channel = self.take_channel()?;
+        let all: Vec<&Event> = events.iter().collect();
+        let first =
+            self.runtime
+                .block_on(issue_round(&channel, &self.config.exchange, &all, deadline));
+        Ok(Sent::Pipelined {
+            channel,
+            first: Box::new(first),
+            deadline,
+        })
+    }
+
+    /// Awaits the confirms of a batch `start` sent (`events` as given to
+    /// it) and says what became of each event.
+    pub fn finish(&mut self, sent: Sent, events: &[Event]) -> Outcome {
+        match sent {
+            Sent::Pipelined {
+                channel,
+                first,
+                deadline,
+            } => self.settle(channel, *first, events, deadline),
+            Sent::Ordered => self.publish_in_order(events),
+        }
+    }
+
+    /// Awaits the first round, all of the batch, within --confirm-timeout
+    /// for the whole batch.
     ///
     /// A channel-level error (the broker closes the channel over one bad
     /// message) must count against that message only. Pipelining hides
@@ -109,42 +159,57 @@ impl Publisher {
     /// event is published alone on a fresh channel: if it closes the channel
     /// again it is the culprit and fails; otherwise the rest go out pipelined
     /// again. Each round settles at least one event, so this ends.
-    pub fn publish(&mut self, events: &[Event]) -> Outcome {
-        let deadline = Instant::now() + self.config.confirm_timeout;
+    fn settle(
+        &mut self,
+        mut channel: Channel,
+        first: Issued,
+        events: &[Event],
+        deadline: Instant,
+    ) -> Outcome {
         let mut outcome = Outcome::default();
         let mut rest: Vec<&Event> = events.iter().collect();
+        let mut result = self.runtime.block_on(await_round(first, &rest, deadline));
+        let mut sent = rest.len();
         let mut alone = false;
-        while !rest.is_empty() {
+        loop {
+            outcome.confirmed.extend(result.confirmed);
+            outcome.failed.extend(result.failed);
+            if let Some(error) = result.error {
+                if result.timed_out || !self.channel_closed_by_broker(&error, alone) {
+                    outcome.outage = Some(self.outage(error, result.timed_out));
+                    return outcome; // the channel goes with the connection
+                }
+                if alone {
+                    outcome.failed.push(culprit(rest.remove(0), &error));
+                } else {
+                    // The round was all of `rest`: what it left unresolved remains.
+                    rest.retain(|event| result.unresolved.contains(&event.id));
+                }
+                alone = !alone;
+                match self.open_channel_by(deadline) {
+                    Ok(reopened) => channel = reopened,
+                    Err(error) => {
+                        outcome.outage = Some(error);
+                        return outcome;
+                    }
+                }
+            } else {
+                rest.drain(..sent);
+                alone = false;
+            }
+            if rest.is_empty() {
+                break;
+            }
             let round = if alone { &rest[..1] } else { &rest[..] };
-            let result = self.runtime.block_on(publish_round(
-                &self.channel,
+            sent = round.len();
+            result = self.runtime.block_on(publish_round(
+                &channel,
                 &self.config.exchange,
                 round,
                 deadline,
             ));
-            outcome.confirmed.extend(result.confirmed);
-            outcome.failed.extend(result.failed);
-            let Some(error) = result.error else {
-                rest.drain(..round.len());
-                alone = false;
-                continue;
-            };
-            if result.timed_out || !self.channel_closed_by_broker(&error, alone) {
-                outcome.outage = Some(self.outage(error, result.timed_out));
-                break;
-            }
-            if alone {
-                outcome.failed.push(culprit(rest.remove(0), &error));
-            } else {
-                // The round was all of `rest`: what it left unresolved remains.
-                rest.retain(|event| result.unresolved.contains(&event.id));
-            }
-            alone = !alone;
-            if let Err(error) = self.reopen_channel(deadline) {
-                outcome.outage = Some(error);
-                break;
-            }
         }
+        self.idle.push(channel);
         outcome
     }
 
@@ -152,12 +217,19 @@ impl Publisher {
     /// sent, stopping at the first failure. Pipelining would put events
     /// behind a failed one on the wire before we knew it had failed, and
     /// consumers of an ordered stream must never see them out of order.
-    pub fn publish_in_order(&mut self, events: &[Event]) -> Outcome {
+    fn publish_in_order(&mut self, events: &[Event]) -> Outcome {
         let deadline = Instant::now() + self.config.confirm_timeout;
         let mut outcome = Outcome::default();
+        let mut channel = match self.take_channel() {
+            Ok(channel) => channel,
+            Err(error) => {
+                outcome.outage = Some(error);
+                return outcome;
+            }
+        };
         for event in events {
             let result = self.runtime.block_on(publish_round(
-                &self.channel,
+                &channel,
                 &self.config.exchange,
                 &[event],
                 deadline,
@@ -168,10 +240,14 @@ impl Publisher {
             if let Some(error) = result.error {
                 if result.timed_out || !self.channel_closed_by_broker(&error, true) {
                     outcome.outage = Some(self.outage(error, result.timed_out));
-                } else {
-                    outcome.failed.push(culprit(event, &error));
-                    if let Err(error) = self.reopen_channel(deadline) {
+                    return outcome;
+                }
+                outcome.failed.push(culprit(event, &error));
+                match self.open_channel_by(deadline) {
+                    Ok(reopened) => channel = reopened,
+                    Err(error) => {
                         outcome.outage = Some(error);
+                        return outcome;
                     }
                 }
                 break;
@@ -180,6 +256,7 @@ impl Publisher {
                 break;
             }
         }
+        self.idle.push(channel);
         outcome
     }
 
@@ -207,17 +284,38 @@ impl Publisher {
         self.connection.status().connected() && (soft || !blame)
     }
 
-    fn reopen_channel(&mut self, deadline: Instant) -> Result<()> {
-        // The timer must be made inside the runtime: tokio's timeout_at
+    /// An idle channel, or a new one (a drain's second batch in flight
+    /// needs a second channel), opened within --connect-timeout.
+    fn take_channel(&mut self) -> Result<Channel> {
+        if let Some(channel) = self.idle.pop() {
+            return Ok(channel);
+        }
+        let broker = describe_broker(&self.config.uri);
+        // The timer must be made inside the runtime: tokio's timeout
         // panics when called outside one, so it goes in the async block.
-        let channel = self
-            .runtime
+        self.runtime
+            .block_on(async {
+                timeout(
+                    self.config.connect_timeout,
+                    open_channel(&self.connection, &self.config),
+                )
+                .await
+            })
+            .map_err(|_| {
+                exit::outage(anyhow!(
+                    "RabbitMQ at {broker} did not open a channel in time"
+                ))
+            })?
+    }
+
+    /// A fresh channel in place of one the broker closed, by the batch's
+    /// confirm deadline.
+    fn open_channel_by(&self, deadline: Instant) -> Result<Channel> {
+        self.runtime
             .block_on(async {
                 timeout_at(deadline, open_channel(&self.connection, &self.config)).await
             })
-            .map_err(|_| self.outage(anyhow!("reopening the channel"), true))??;
-        self.channel = channel;
-        Ok(())
+            .map_err(|_| self.outage(anyhow!("reopening the channel"), true))?
     }
 
     fn outage(&self, error: anyhow::Error, timed_out: bool) -> anyhow::Error {

@@ -1,6 +1,8 @@
 //! One pipelined round: every publish of a list of events sent before any
 //! confirm is awaited, then every confirm awaited and matched to its event.
-//! `Publisher` runs rounds and decides what a failed one means.
+//! The two halves are apart so that a drain can claim its next batch while
+//! this one's confirms are on their way. `Publisher` runs rounds and decides
+//! what a failed one means.
 
 use std::collections::HashSet;
 use std::task::Poll;
@@ -29,18 +31,39 @@ pub struct Round {
 /// frames in memory at once.
 const PUBLISH_WINDOW: usize = 1000;
 
-/// Issues the round's publishes a window at a time, every publish of a
-/// window before waiting for any of them, so the round goes out as one
-/// stream instead of one io-thread hand-off per message; then awaits the
-/// confirms. After the first publish that fails (or times out), that event
-/// and every later one are unresolved (left as they were), and nothing
-/// after it is sent, exactly as when they went one by one.
+/// A round whose publishes are on the wire and whose confirms are not yet
+/// awaited: what `await_round` needs to finish it.
+pub struct Issued {
+    /// Each sent event's position in the round, with its confirm.
+    pending: Vec<(usize, PublisherConfirm)>,
+    /// What is already known: events that could not be sent, and the
+    /// publish error that stopped the round, if one did.
+    round: Round,
+}
+
+/// Both halves at once, for the rounds that retry part of a batch.
 pub async fn publish_round(
     channel: &Channel,
     exchange: &str,
     events: &[&Event],
     deadline: Instant,
 ) -> Round {
+    let issued = issue_round(channel, exchange, events, deadline).await;
+    await_round(issued, events, deadline).await
+}
+
+/// Issues the round's publishes a window at a time, every publish of a
+/// window before waiting for any of them, so the round goes out as one
+/// stream instead of one io-thread hand-off per message. After the first
+/// publish that fails (or times out), that event and every later one are
+/// unresolved (left as they were), and nothing after it is sent, exactly as
+/// when they went one by one.
+pub async fn issue_round(
+    channel: &Channel,
+    exchange: &str,
+    events: &[&Event],
+    deadline: Instant,
+) -> Issued {
     let mut round = Round::default();
     let mut too_long = Vec::new();
     let mut sendable = Vec::with_capacity(events.len());
@@ -50,27 +73,27 @@ pub async fn publish_round(
             None => too_long.push(position),
         }
     }
-    let mut pending: Vec<(&Event, PublisherConfirm)> = Vec::with_capacity(sendable.len());
+    let mut pending = Vec::with_capacity(sendable.len());
     let mut stopped_at = events.len();
     let mut rest = sendable.into_iter().peekable();
     'windows: while rest.peek().is_some() {
         let window: Vec<_> = rest.by_ref().take(PUBLISH_WINDOW).collect();
-        let sent: Vec<(usize, &Event)> = window.iter().map(|(p, e, _)| (*p, *e)).collect();
+        let sent: Vec<usize> = window.iter().map(|(position, _, _)| *position).collect();
         let results = match timeout_at(deadline, issue(channel, exchange, window)).await {
             Ok(results) => results,
             Err(_) => {
                 round.timed_out = true;
                 round.error = Some(anyhow!("publishing timed out"));
-                stopped_at = sent[0].0;
+                stopped_at = sent[0];
                 round
                     .unresolved
                     .extend(events[stopped_at..].iter().map(|e| e.id));
                 break;
             }
         };
-        for ((position, event), result) in sent.into_iter().zip(results) {
+        for (position, result) in sent.into_iter().zip(results) {
             match result {
-                Ok(confirm) => pending.push((event, confirm)),
+                Ok(confirm) => pending.push((position, confirm)),
                 Err(error) => {
                     round.error = Some(error.into());
                     stopped_at = position;
@@ -88,7 +111,14 @@ pub async fn publish_round(
             "event_type or event_id is longer than AMQP's 255 bytes".into(),
         ));
     }
-    await_confirms(pending, deadline, &mut round).await;
+    Issued { pending, round }
+}
+
+/// Awaits the confirms of an issued round; `events` must be the ones it was
+/// issued with.
+pub async fn await_round(issued: Issued, events: &[&Event], deadline: Instant) -> Round {
+    let Issued { pending, mut round } = issued;
+    await_confirms(pending, events, deadline, &mut round).await;
     round
 }
 
@@ -156,13 +186,15 @@ async fn issue(
 /// to whichever confirm completes next, not to their own, so they are
 /// collected first and matched to events by message_id afterwards.
 async fn await_confirms(
-    pending: Vec<(&Event, PublisherConfirm)>,
+    pending: Vec<(usize, PublisherConfirm)>,
+    events: &[&Event],
     deadline: Instant,
     round: &mut Round,
 ) {
     let mut acked = Vec::new();
     let mut returned = Vec::new();
-    for (event, confirm) in pending {
+    for (position, confirm) in pending {
+        let event = events[position];
         if round.timed_out {
             round.unresolved.insert(event.id);
             continue;

@@ -223,18 +223,20 @@ fn assert_broker_fault_lost_nothing(fx: &mut Fixture, first: &Done) {
 /// A run of 400 events whose broker took the first STALL_AT bytes and
 /// confirmed what was in them, the rest held back by the proxy.
 fn stalled_mid_batch(fx: &mut Fixture, confirm_timeout: &str) -> (Proxy, Child, Instant) {
+    stalled_after(
+        fx,
+        &["--batch-size", "400", "--confirm-timeout", confirm_timeout],
+    )
+}
+
+/// The same with `args`, so that several batches can be in hand.
+fn stalled_after(fx: &mut Fixture, args: &[&str]) -> (Proxy, Child, Instant) {
     fx.insert("e", 400);
     let broker = Proxy::start(amqp_addr());
     broker.stall_upstream_after(STALL_AT);
     let env = env_via(Some(&broker), None);
     let since = Instant::now();
-    let args = [
-        "--batch-size",
-        "400",
-        "--confirm-timeout",
-        confirm_timeout,
-        "--json",
-    ];
+    let args = [args, &["--json"]].concat();
     let child = spawn(fx, &env, &args);
     assert!(broker.wait_for_upstream(STALL_AT, NO_HANG));
     // What got through is queued, and its confirms have come back.
@@ -253,6 +255,20 @@ fn broker_cut_mid_batch_marks_only_confirmed_events_and_a_rerun_delivers_the_res
     assert!(done.took < NO_HANG, "took {:?}", done.took);
     assert!(done.stderr.contains("RabbitMQ"), "{}", done.stderr);
     assert_eq!(done.field("exit_code"), 69);
+    assert_broker_fault_lost_nothing(&mut fx, &done);
+}
+
+#[test]
+fn broker_cut_with_two_batches_in_flight_marks_only_confirmed_events_and_a_rerun_delivers_the_rest()
+{
+    let mut fx = Fixture::new("broker_cut_drain");
+    let args = ["--drain", "--batch-size", "20", "--confirm-timeout", "60s"];
+    let (broker, child, since) = stalled_after(&mut fx, &args);
+    broker.cut();
+    let done = finish(child, since);
+    assert_outage(&done);
+    assert!(done.took < NO_HANG, "took {:?}", done.took);
+    assert!(done.field("batches") >= 2, "{}", done.stdout);
     assert_broker_fault_lost_nothing(&mut fx, &done);
 }
 

@@ -1,11 +1,14 @@
 //! A batch goes out pipelined (every publish issued before any confirm is
 //! awaited): order, window boundaries and the attribution of returns must
-//! be what they were when events went one at a time.
+//! be what they were when events went one at a time. A drain with a
+//! backlog keeps two batches in flight, each on a session of its own.
 
 mod common;
 
+use std::time::Duration;
+
 use common::proxy::Proxy;
-use common::{Fixture, amqp_addr, amqp_url_via};
+use common::{Fixture, amqp_addr, amqp_url_via, database_addr, database_url_via, wait_until};
 
 #[test]
 fn a_batch_larger_than_the_publish_window_arrives_once_in_id_order() {
@@ -101,4 +104,75 @@ fn an_outage_in_the_middle_of_a_pipelined_batch_marks_only_what_was_confirmed() 
     for id in &marked {
         assert!(arrivals.contains_key(*id), "{id} marked but not delivered");
     }
+}
+
+/// How many sessions hold row locks on the fixture's table (FOR UPDATE
+/// takes a RowShareLock on it for as long as the transaction lasts).
+fn sessions_holding_rows(fx: &mut Fixture) -> i64 {
+    let sql = format!(
+        "SELECT count(DISTINCT pid) FROM pg_locks \
+         WHERE relation = '{}'::regclass AND mode = 'RowShareLock'",
+        fx.quoted_table()
+    );
+    fx.db.query_one(&sql, &[]).unwrap().get(0)
+}
+
+#[test]
+fn a_drain_with_a_backlog_holds_two_batches_in_flight_on_two_sessions() {
+    let mut fx = Fixture::new("pipeline_two_in_flight");
+    fx.insert("e", 400);
+    // The broker takes the first batches, then hears nothing more: the
+    // drain is caught with one batch awaiting its confirms and the next
+    // one claimed and sent.
+    let broker = Proxy::start(amqp_addr());
+    broker.stall_upstream_after(20_000);
+    let db = Proxy::start(database_addr());
+    let (amqp, database) = (amqp_url_via(broker.port()), database_url_via(db.port()));
+    let env = [
+        ("AMQP_URL", amqp.as_str()),
+        ("DATABASE_URL", database.as_str()),
+    ];
+    let mut child = fx
+        .command()
+        .envs(env)
+        .args(["--drain", "--batch-size", "20", "--confirm-timeout", "2s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let two = wait_until(Duration::from_secs(10), || {
+        sessions_holding_rows(&mut fx) == 2
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(two, "two transactions never held rows at once");
+    assert_eq!(db.connections(), 2);
+}
+
+#[test]
+fn a_drain_of_less_than_a_batch_opens_one_session() {
+    let mut fx = Fixture::new("pipeline_one_session");
+    fx.insert("e", 30);
+    let db = Proxy::start(database_addr());
+    let url = database_url_via(db.port());
+    let args = ["--drain", "--batch-size", "100", "--json"];
+    let run = fx.run_with(&[("DATABASE_URL", url.as_str())], &args);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.field("published"), 30);
+    assert_eq!(db.connections(), 1);
+}
+
+#[test]
+fn a_drain_with_two_batches_in_flight_delivers_each_event_once_and_marks_every_row() {
+    let mut fx = Fixture::new("pipeline_drain");
+    fx.insert("e", 1_050);
+    let run = fx.run(&["--drain", "--batch-size", "100", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("batches")), (1_050, 11));
+    assert_eq!(fx.published_count(), 1_050);
+    let mut ids: Vec<String> = fx.messages().into_iter().map(|m| m.message_id).collect();
+    ids.sort();
+    let mut expected: Vec<String> = (1..=1_050).map(|n| format!("e-{n}")).collect();
+    expected.sort();
+    assert_eq!(ids, expected, "each event exactly once");
 }

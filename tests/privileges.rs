@@ -115,3 +115,26 @@ fn pruner_role_prunes() {
     assert_eq!(run.stdout, "deleted 2 published events older than 7d\n");
     assert_eq!(fx.rows().len(), 1);
 }
+
+#[test]
+fn a_drain_under_a_one_connection_role_drains_one_batch_at_a_time() {
+    let mut fx = Fixture::new("priv_one_connection");
+    let roles = Roles::create(&mut fx, "oneconn");
+    fx.execute(&format!(
+        "ALTER ROLE \"{}\" CONNECTION LIMIT 1",
+        roles.relay
+    ));
+    fx.insert("e", 50);
+    let url = Roles::url(&roles.relay);
+    let args = ["--drain", "--batch-size", "10", "--json"];
+    let run = fx.run_with(&[("DATABASE_URL", &url)], &args);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("batches")), (50, 5));
+    assert!(
+        run.stderr.contains("draining one batch at a time"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(fx.published_count(), 50);
+    assert_eq!(fx.messages().len(), 50);
+}
