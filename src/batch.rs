@@ -82,9 +82,10 @@ impl Session {
     }
 
     /// Whatever the reason we give up on a transaction, its row locks must
-    /// go now, not when the process exits: the session may still be used
-    /// (a drain finishing its other batch, the metrics backlog). If even
-    /// this fails the connection is gone, and the server has rolled back.
+    /// go now, not when the process exits (other runs are waiting for the
+    /// rows), and the session may still be used (the metrics backlog). If
+    /// even this fails the connection is gone, and the server has rolled
+    /// back.
     fn roll_back(&mut self) {
         let _ = self.client.batch_execute("ROLLBACK");
     }
@@ -134,12 +135,15 @@ impl Broker {
         Ok(self.publisher.insert(publisher))
     }
 
+    /// A batch is sent only on a connected publisher, which stays until
+    /// `close`; without one nothing could have been confirmed.
     fn finish(&mut self, sent: Sent, events: &[Event]) -> Outcome {
-        match self.publisher() {
-            Ok(publisher) => publisher.finish(sent, events),
-            // Only a connected publisher sends; this is for completeness.
-            Err(error) => Outcome {
-                outage: Some(error),
+        match self.publisher.as_mut() {
+            Some(publisher) => publisher.finish(sent, events),
+            None => Outcome {
+                outage: Some(anyhow::anyhow!(
+                    "no broker connection to finish the batch on"
+                )),
                 ..Outcome::default()
             },
         }
@@ -185,7 +189,12 @@ pub fn start(
     let started = claim_and_send(session, poll, broker, stop, totals);
     match &started {
         Ok(Started::InFlight(_)) => {}
-        Ok(Started::Ended(Ended::Empty | Ended::LockTaken)) => session.commit()?,
+        Ok(Started::Ended(Ended::Empty | Ended::LockTaken)) => {
+            if let Err(error) = session.commit() {
+                session.roll_back();
+                return Err(error);
+            }
+        }
         Ok(Started::Ended(_)) | Err(_) => session.roll_back(),
     }
     started

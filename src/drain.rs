@@ -49,7 +49,7 @@ impl Drain<'_> {
             // A full batch says a backlog is waiting: worth a second
             // session. A partial one says the drain is about done.
             let full = self.totals.claimed - claimed == self.poll.batch_size as u64;
-            if overlap && full {
+            if overlap && full && self.may_start(1) {
                 overlap = self.open_second_session(sessions);
                 if overlap {
                     return self.two_in_flight(sessions);
@@ -70,6 +70,10 @@ impl Drain<'_> {
     /// it is still finished, so that what the broker confirmed of it is
     /// marked rather than sent again by the next run.
     fn two_in_flight(&mut self, sessions: &mut [Session]) -> Result<()> {
+        // Opening the session took time: --max-duration may have passed.
+        if !self.may_start(0) {
+            return Ok(());
+        }
         self.arm_for_batches();
         let mut lane = 0;
         let Some(mut waiting) = self.start(&mut sessions[lane])? else {
@@ -89,9 +93,16 @@ impl Drain<'_> {
                 (Ok(_), next) => return next.map(drop),
                 (Err(error), Ok(Some(batch))) => {
                     self.arm_for_batches();
-                    // Its own error, if any, is the same outage or comes
-                    // after the one reported.
-                    let _ = batch::finish(&mut sessions[other], batch, self.broker, self.totals);
+                    // The exit reports the first failure. A different
+                    // second one (the batches are on different sessions)
+                    // is still told; the same outage twice is not.
+                    let later =
+                        batch::finish(&mut sessions[other], batch, self.broker, self.totals);
+                    if let Err(later) = later
+                        && format!("{later:#}") != format!("{error:#}")
+                    {
+                        log::warn!("the batch after it failed too: {later:#}");
+                    }
                     return Err(error);
                 }
                 (Err(error), _) => return Err(error),

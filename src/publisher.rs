@@ -124,8 +124,9 @@ impl Publisher {
         if ordered {
             return Ok(Sent::Ordered);
         }
-        let deadline = Instant::now() + self.config.confirm_timeout;
+        // Opening a drain's second channel has its own bound, not the confirms'.
         let channel = self.take_channel()?;
+        let deadline = Instant::now() + self.config.confirm_timeout;
         let all: Vec<&Event> = events.iter().collect();
         let first =
             self.runtime
