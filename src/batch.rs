@@ -62,23 +62,25 @@ impl Session {
     }
 
     fn begin(&mut self) -> Result<()> {
-        self.client.batch_execute("BEGIN").map_err(|error| {
-            db::classify(
-                &error,
-                "starting a transaction",
-                "try again once PostgreSQL is reachable",
-            )
-        })
+        self.control(
+            "BEGIN",
+            "starting a transaction",
+            "try again once PostgreSQL is reachable",
+        )
     }
 
     fn commit(&mut self) -> Result<()> {
-        self.client.batch_execute("COMMIT").map_err(|error| {
-            db::classify(
-                &error,
-                "committing the batch",
-                "nothing was marked; the events will be claimed and sent again by the next run",
-            )
-        })
+        self.control(
+            "COMMIT",
+            "committing the batch",
+            "nothing was marked; the events will be claimed and sent again by the next run",
+        )
+    }
+
+    fn control(&mut self, sql: &str, what: &str, advice: &str) -> Result<()> {
+        self.client
+            .batch_execute(sql)
+            .map_err(|error| db::classify(&error, what, advice))
     }
 
     /// Whatever the reason we give up on a transaction, its row locks must
