@@ -14,11 +14,9 @@ use crate::outbox::{Event, Outbox};
 use crate::publisher::{BrokerConfig, Outcome, Publisher, Sent};
 use crate::stop::Stop;
 
-/// How a batch ended, when it did not fail.
+/// Why a batch ended before anything was published.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Ended {
-    /// Events were claimed and settled; the drain may go on.
-    Settled,
     /// Nothing was due.
     Empty,
     /// --ordered and another run holds the table's lock.
@@ -107,6 +105,17 @@ pub struct InFlight {
     sent: Sent,
 }
 
+impl InFlight {
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// The highest id claimed (the claim is in id order, and never empty).
+    pub fn last_id(&self) -> i64 {
+        self.events.last().map_or(i64::MIN, |event| event.id)
+    }
+}
+
 /// What `start` left.
 pub enum Started {
     InFlight(InFlight),
@@ -158,20 +167,6 @@ impl Broker {
     }
 }
 
-/// Claims one batch, publishes it, marks the outcome and commits.
-pub fn run(
-    session: &mut Session,
-    poll: &Poll,
-    broker: &mut Broker,
-    stop: &Stop,
-    totals: &mut Totals,
-) -> Result<Ended> {
-    match start(session, poll, broker, stop, totals)? {
-        Started::InFlight(batch) => finish(session, batch, broker, totals),
-        Started::Ended(ended) => Ok(ended),
-    }
-}
-
 /// Opens the batch's transaction, claims and hands the events to the broker.
 ///
 /// The row locks taken by the claim are what keep concurrent runs apart,
@@ -179,16 +174,18 @@ pub fn run(
 /// earlier would let another run claim and re-send events we have already
 /// published. If anything fails before the commit, the transaction is
 /// rolled back and the events are claimed again by a later run: a
-/// duplicate at worst, never a loss.
+/// duplicate at worst, never a loss. Only rows from id `from` on are
+/// claimed (all of them if None).
 pub fn start(
     session: &mut Session,
     poll: &Poll,
     broker: &mut Broker,
     stop: &Stop,
     totals: &mut Totals,
+    from: Option<i64>,
 ) -> Result<Started> {
     session.begin()?;
-    let started = claim_and_send(session, poll, broker, stop, totals);
+    let started = claim_and_send(session, poll, broker, stop, totals, from);
     match &started {
         Ok(Started::InFlight(_)) => {}
         Ok(Started::Ended(Ended::Empty | Ended::LockTaken)) => {
@@ -208,11 +205,14 @@ fn claim_and_send(
     broker: &mut Broker,
     stop: &Stop,
     totals: &mut Totals,
+    from: Option<i64>,
 ) -> Result<Started> {
     if !session.outbox.try_lock(&mut session.client)? {
         return Ok(Started::Ended(Ended::LockTaken));
     }
-    let events = session.outbox.claim(&mut session.client, poll.batch_size)?;
+    let events = session
+        .outbox
+        .claim(&mut session.client, poll.batch_size, from)?;
     if events.is_empty() {
         return Ok(Started::Ended(Ended::Empty));
     }
@@ -238,7 +238,7 @@ pub fn finish(
     batch: InFlight,
     broker: &mut Broker,
     totals: &mut Totals,
-) -> Result<Ended> {
+) -> Result<()> {
     let InFlight { events, sent } = batch;
     let outcome = broker.finish(sent, &events);
     let committed = session.mark(&outcome).and_then(|()| session.commit());
@@ -260,7 +260,7 @@ pub fn finish(
     );
     match outcome.outage {
         Some(outage) => Err(outage),
-        None => Ok(Ended::Settled),
+        None => Ok(()),
     }
 }
 

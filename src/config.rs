@@ -19,6 +19,12 @@ const MAX_EXCHANGE_BYTES: usize = 255;
 /// How long a transaction may idle, beyond the broker's own time limits,
 /// before the server ends it and frees its rows.
 const IDLE_MARGIN: Duration = Duration::from_secs(30);
+/// Events a drain with a backlog keeps in flight: a batch's confirms come
+/// back only after the broker has written it, and a few hundred messages
+/// behind it keep the broker busy meanwhile (see README, Performance).
+const IN_FLIGHT_EVENTS: u32 = 400;
+/// Each batch in flight holds a PostgreSQL session of its own.
+const MAX_IN_FLIGHT: usize = 4;
 
 /// How to reach the outbox.
 #[derive(Debug, Clone)]
@@ -35,6 +41,8 @@ pub struct Poll {
     pub broker: BrokerConfig,
     pub batch_size: i64,
     pub drain: bool,
+    /// How many batches a drain may have in flight at once.
+    pub in_flight: usize,
     pub max_batches: Option<u64>,
     pub max_duration: Option<Duration>,
     pub ordered: bool,
@@ -73,6 +81,8 @@ impl Poll {
                 "the exchange name is longer than AMQP's {MAX_EXCHANGE_BYTES} bytes"
             )));
         }
+        // A dry run claims one batch and rolls it back: nothing to drain.
+        let drain = args.drain && !args.dry_run;
         Ok(Poll {
             broker: BrokerConfig {
                 uri,
@@ -82,7 +92,8 @@ impl Poll {
                 confirm_timeout: args.confirm_timeout,
             },
             batch_size: i64::from(args.batch_size),
-            drain: args.drain && !args.dry_run,
+            drain,
+            in_flight: in_flight(args.batch_size, drain, args.ordered),
             max_batches: args.max_batches,
             max_duration: args.max_duration,
             ordered: args.ordered,
@@ -95,12 +106,51 @@ impl Poll {
     /// limit must outlive the longest legitimate wait, or the server would
     /// end the transaction between publishing and marking. That wait is the
     /// broker connect and its channel (--connect-timeout each), then the
-    /// confirms; in a drain with two batches in flight, also the next
-    /// batch's claim on the other session (one statement's time).
+    /// confirms; in a drain with batches in flight on other sessions, also
+    /// their statements, one statement's time for each of them. (The
+    /// confirms of the batches ahead of this one are due before its own.)
     pub fn idle_limit(&self) -> Duration {
+        let others = u32::try_from(self.in_flight - 1).unwrap_or(u32::MAX);
         IDLE_MARGIN
             + 2 * self.broker.connect_timeout
             + self.broker.confirm_timeout
-            + db::STATEMENT_TIMEOUT
+            + db::STATEMENT_TIMEOUT * others
+    }
+}
+
+/// How many batches a run may have in flight. Small batches need more of
+/// them to keep IN_FLIGHT_EVENTS at the broker; large ones need two, so
+/// that the broker works on one while PostgreSQL marks and commits the
+/// other. A single run has nothing to overlap, and --ordered may not: a
+/// batch would be sent before the failures of the one before it were known.
+fn in_flight(batch_size: u32, drain: bool, ordered: bool) -> usize {
+    if !drain || ordered {
+        return 1;
+    }
+    let wanted = IN_FLIGHT_EVENTS.div_ceil(batch_size) as usize;
+    wanted.clamp(2, MAX_IN_FLIGHT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_flight;
+
+    #[test]
+    fn a_drain_of_small_batches_keeps_up_to_four_in_flight() {
+        assert_eq!(in_flight(1, true, false), 4);
+        assert_eq!(in_flight(100, true, false), 4);
+        assert_eq!(in_flight(150, true, false), 3);
+    }
+
+    #[test]
+    fn a_drain_of_large_batches_keeps_two_in_flight() {
+        assert_eq!(in_flight(200, true, false), 2);
+        assert_eq!(in_flight(10_000, true, false), 2);
+    }
+
+    #[test]
+    fn a_single_run_or_an_ordered_drain_keeps_one() {
+        assert_eq!(in_flight(100, false, false), 1);
+        assert_eq!(in_flight(100, true, true), 1);
     }
 }

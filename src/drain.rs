@@ -1,6 +1,9 @@
-//! Batch after batch: one at a time, or, once a drain meets a backlog, two
-//! in flight, the next claimed and sent while the last awaits its confirms.
+//! Batch after batch. A drain that meets a backlog keeps several batches in
+//! flight, each a transaction on a PostgreSQL session of its own: while the
+//! oldest awaits its confirms, the next are claimed and sent, so the broker
+//! is not left idle while PostgreSQL marks and commits.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -24,125 +27,178 @@ pub struct Drain<'a> {
     pub started: Instant,
 }
 
+/// The batches in flight, oldest first, each with the index of its session.
+type Flight = VecDeque<(usize, InFlight)>;
+
+/// The run's sessions and which of them have no batch.
+struct Sessions<'s> {
+    all: &'s mut Vec<Session>,
+    idle: Vec<usize>,
+    /// How many the run may have: one for each batch in flight, fewer once
+    /// the server has refused one more.
+    limit: usize,
+}
+
+/// Where the next claim starts. Each claim takes rows after the last one
+/// the drain claimed, so the drain never walks back over rows it marked or
+/// holds. Rows behind it that another run held, or that came due since, are
+/// claimed by one last claim from the head of the table before the drain
+/// ends: "until none is claimed" still means none at all.
+#[derive(Default)]
+struct Cursor {
+    from: Option<i64>,
+}
+
 impl Drain<'_> {
     /// Runs batches until nothing is due, a limit is reached, a signal
-    /// comes or one fails. `sessions` holds the run's first session; a
-    /// second may be added.
-    pub fn run(&mut self, sessions: &mut Vec<Session>) -> Result<()> {
-        // Ordered mode may not overlap: the next batch would be published
-        // before the last one's failures were known.
-        let mut overlap = self.poll.drain && !self.poll.ordered;
-        loop {
-            self.arm_for_batches();
-            let claimed = self.totals.claimed;
-            match batch::run(
-                &mut sessions[0],
-                self.poll,
-                self.broker,
-                self.stop,
-                self.totals,
-            )? {
-                Ended::Settled if self.may_start(0) => {}
-                _ => return Ok(()),
-            }
-            self.progress.update(self.totals);
-            // A full batch says a backlog is waiting: worth a second
-            // session. A partial one says the drain is about done.
-            let full = self.totals.claimed - claimed == self.poll.batch_size as u64;
-            if overlap && full && self.may_start(1) {
-                overlap = self.open_second_session(sessions);
-                if overlap {
-                    return self.two_in_flight(sessions);
-                }
-            }
-        }
-    }
-
-    /// While one batch awaits its confirms, the next is claimed and sent on
-    /// the other session, so the broker is not left idle while PostgreSQL
-    /// marks and commits. Each batch is still a transaction of its own,
-    /// holding its rows' locks until its own commit; SKIP LOCKED keeps the
-    /// two apart exactly as it keeps two concurrent runs apart, and each
-    /// has its own channel, so no return or channel close can be blamed on
-    /// the other's events.
+    /// comes or one fails. `sessions` holds the run's first session; more
+    /// may be added, up to the run's batches in flight.
     ///
-    /// If the earlier batch fails, the later one is on the wire already:
-    /// it is still finished, so that what the broker confirmed of it is
-    /// marked rather than sent again by the next run.
-    fn two_in_flight(&mut self, sessions: &mut [Session]) -> Result<()> {
-        // Opening the session took time: --max-duration may have passed.
-        if !self.may_start(0) {
-            return Ok(());
-        }
-        self.arm_for_batches();
-        let mut lane = 0;
-        let Some(mut waiting) = self.start(&mut sessions[lane])? else {
-            return Ok(());
+    /// Each batch is a transaction of its own, holding its rows' locks until
+    /// its own commit: SKIP LOCKED keeps batches in flight apart exactly as
+    /// it keeps concurrent runs apart. Each has its own channel, so no return
+    /// or channel close can be blamed on another batch's events. Batches are
+    /// finished in the order they were sent, so a batch's confirm deadline
+    /// has always passed or been met before the next one's.
+    pub fn run(&mut self, sessions: &mut Vec<Session>) -> Result<()> {
+        let mut sessions = Sessions {
+            all: sessions,
+            idle: vec![0],
+            limit: self.poll.in_flight,
         };
+        let mut flight = Flight::new();
+        let mut cursor = Cursor::default();
+        let mut claiming = true;
+        let mut backlog = false;
         loop {
-            let other = 1 - lane;
-            self.arm_for_batches();
-            let next = match self.may_start(1) {
-                true => self.start(&mut sessions[other]),
-                false => Ok(None),
-            };
-            let finished = batch::finish(&mut sessions[lane], waiting, self.broker, self.totals);
-            self.progress.update(self.totals);
-            match (finished, next) {
-                (Ok(_), Ok(Some(batch))) => (waiting, lane) = (batch, other),
-                (Ok(_), next) => return next.map(drop),
-                (Err(error), Ok(Some(batch))) => {
-                    self.arm_for_batches();
-                    // The exit reports the first failure. A different
-                    // second one (the batches are on different sessions)
-                    // is still told; the same outage twice is not.
-                    let later =
-                        batch::finish(&mut sessions[other], batch, self.broker, self.totals);
-                    if let Err(later) = later
-                        && format!("{later:#}") != format!("{error:#}")
-                    {
-                        log::warn!("the batch after it failed too: {later:#}");
-                    }
-                    return Err(error);
+            while claiming && self.may_start(flight.len()) {
+                let Some(index) = self.free_session(&mut sessions, backlog) else {
+                    break;
+                };
+                // Opening a session takes time: --max-duration may have passed.
+                if !self.may_start(flight.len()) {
+                    sessions.idle.push(index);
+                    break;
                 }
-                (Err(error), _) => return Err(error),
+                self.arm_for_batches();
+                match self.start(&mut sessions.all[index], &mut cursor) {
+                    Ok(Some(batch)) => {
+                        // A full batch says a backlog is waiting: worth
+                        // another session. A partial one says the drain is
+                        // about done.
+                        backlog = batch.len() as i64 == self.poll.batch_size;
+                        flight.push_back((index, batch));
+                    }
+                    Ok(None) => {
+                        sessions.idle.push(index);
+                        claiming = false;
+                    }
+                    Err(error) => return self.land(sessions.all, flight, error),
+                }
+            }
+            let Some((index, batch)) = flight.pop_front() else {
+                return Ok(());
+            };
+            self.arm_for_batches();
+            let finished = batch::finish(&mut sessions.all[index], batch, self.broker, self.totals);
+            self.progress.update(self.totals);
+            if let Err(error) = finished {
+                return self.land(sessions.all, flight, error);
+            }
+            sessions.idle.push(index);
+        }
+    }
+
+    /// Starts a batch: claims from the cursor and sends. Returns None when
+    /// the drain has nothing more to start.
+    fn start(&mut self, session: &mut Session, cursor: &mut Cursor) -> Result<Option<InFlight>> {
+        let from = cursor.from;
+        let poll = self.poll;
+        match batch::start(session, poll, self.broker, self.stop, self.totals, from)? {
+            Started::InFlight(batch) => {
+                // Ordered mode never passes a row: its claims always start
+                // at the head of the table.
+                if !poll.ordered {
+                    cursor.from = batch.last_id().checked_add(1);
+                }
+                Ok(Some(batch))
+            }
+            Started::Ended(Ended::Empty) if from.is_some() => {
+                cursor.from = None;
+                self.start(session, cursor)
+            }
+            Started::Ended(_) => Ok(None),
+        }
+    }
+
+    /// After a failure, finishes the batches still in flight: they are on
+    /// the wire, and what the broker confirmed of them must be marked rather
+    /// than sent again by the next run. The exit reports the first failure;
+    /// a different later one (the batches are on different sessions) is
+    /// still told, the same outage again is not.
+    fn land(
+        &mut self,
+        sessions: &mut [Session],
+        flight: Flight,
+        error: anyhow::Error,
+    ) -> Result<()> {
+        let first = format!("{error:#}");
+        let mut told = first.clone();
+        for (index, batch) in flight {
+            self.arm_for_batches();
+            let later = batch::finish(&mut sessions[index], batch, self.broker, self.totals);
+            self.progress.update(self.totals);
+            if let Err(later) = later {
+                let later = format!("{later:#}");
+                if later != first && later != told {
+                    log::warn!("a batch in flight failed too: {later}");
+                    told = later;
+                }
             }
         }
+        Err(error)
     }
 
-    fn start(&mut self, session: &mut Session) -> Result<Option<InFlight>> {
-        let started = batch::start(session, self.poll, self.broker, self.stop, self.totals)?;
-        Ok(match started {
-            Started::InFlight(batch) => Some(batch),
-            Started::Ended(_) => None,
-        })
-    }
-
-    /// A second session is worth having, not worth failing for: a role
-    /// with a connection limit, or a server at max_connections, still gets
-    /// its drain, one batch at a time.
-    fn open_second_session(&mut self, sessions: &mut Vec<Session>) -> bool {
+    /// A session for the next batch: an idle one, or, while a backlog is
+    /// waiting, a new one. More sessions are worth having, not worth failing
+    /// for: a role with a connection limit, or a server at max_connections,
+    /// still gets its drain, with fewer batches in flight.
+    fn free_session(&mut self, sessions: &mut Sessions, backlog: bool) -> Option<usize> {
+        if let Some(index) = sessions.idle.pop() {
+            return Some(index);
+        }
+        if !backlog || sessions.all.len() >= sessions.limit {
+            return None;
+        }
         let budget = self.database.connect_timeout + db::STATEMENT_TIMEOUT + watchdog::MARGIN;
         self.watchdog
-            .arm(budget, "opening a second PostgreSQL session", *self.totals);
+            .arm(budget, "opening another PostgreSQL session", *self.totals);
         match Session::open(self.database, self.poll) {
             Ok(session) => {
-                sessions.push(session);
-                true
+                sessions.all.push(session);
+                Some(sessions.all.len() - 1)
             }
             Err(error) => {
-                log::warn!("draining one batch at a time: {error:#}");
-                false
+                sessions.limit = sessions.all.len();
+                match sessions.limit {
+                    1 => log::warn!("draining one batch at a time: {error:#}"),
+                    n => log::warn!("draining with {n} batches in flight: {error:#}"),
+                }
+                None
             }
         }
     }
 
     /// Whether another batch may start, with `in_flight` batches started
-    /// and not yet finished. No new batch starts once --max-batches or
-    /// --max-duration is reached or a signal came; those in hand finish.
-    fn may_start(&self, in_flight: u64) -> bool {
+    /// and not yet finished. A run always starts its first batch; a drain
+    /// starts no new one once --max-batches or --max-duration is reached or
+    /// a signal came (those in hand finish).
+    fn may_start(&self, in_flight: usize) -> bool {
         let poll = self.poll;
-        let started = self.totals.batches + in_flight;
+        let started = self.totals.batches + in_flight as u64;
+        if started == 0 {
+            return true;
+        }
         poll.drain
             && self.stop.requested().is_none()
             && poll.max_batches.is_none_or(|max| started < max)
@@ -151,8 +207,8 @@ impl Drain<'_> {
                 .is_none_or(|max| self.started.elapsed() < max)
     }
 
-    /// One budget covers a batch's start and the finish of the one before
-    /// it: the earlier batch's confirm deadline was set before this one's.
+    /// One budget covers each step: a batch's start, or its finish (whose
+    /// confirm deadline was set when it was sent).
     fn arm_for_batches(&self) {
         self.watchdog
             .arm(batch_budget(self.poll), "the batch", *self.totals);

@@ -124,7 +124,8 @@ impl Publisher {
         if ordered {
             return Ok(Sent::Ordered);
         }
-        // Opening a drain's second channel has its own bound, not the confirms'.
+        // Opening a channel for another batch in flight has its own bound,
+        // not the confirms'.
         let channel = self.take_channel()?;
         let deadline = Instant::now() + self.config.confirm_timeout;
         let all: Vec<&Event> = events.iter().collect();
@@ -285,8 +286,8 @@ impl Publisher {
         self.connection.status().connected() && (soft || !blame)
     }
 
-    /// An idle channel, or a new one (a drain's second batch in flight
-    /// needs a second channel), opened within --connect-timeout.
+    /// An idle channel, or a new one (each batch in flight has its own),
+    /// opened within --connect-timeout.
     fn take_channel(&mut self) -> Result<Channel> {
         if let Some(channel) = self.idle.pop() {
             return Ok(channel);

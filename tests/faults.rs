@@ -259,8 +259,7 @@ fn broker_cut_mid_batch_marks_only_confirmed_events_and_a_rerun_delivers_the_res
 }
 
 #[test]
-fn broker_cut_with_two_batches_in_flight_marks_only_confirmed_events_and_a_rerun_delivers_the_rest()
-{
+fn broker_cut_with_batches_in_flight_marks_only_confirmed_events_and_a_rerun_delivers_the_rest() {
     let mut fx = Fixture::new("broker_cut_drain");
     let args = ["--drain", "--batch-size", "20", "--confirm-timeout", "60s"];
     let (broker, child, since) = stalled_after(&mut fx, &args);

@@ -1,7 +1,7 @@
 //! A batch goes out pipelined (every publish issued before any confirm is
 //! awaited): order, window boundaries and the attribution of returns must
 //! be what they were when events went one at a time. A drain with a
-//! backlog keeps two batches in flight, each on a session of its own.
+//! backlog keeps several batches in flight, each on a session of its own.
 
 mod common;
 
@@ -117,13 +117,12 @@ fn sessions_holding_rows(fx: &mut Fixture) -> i64 {
     fx.db.query_one(&sql, &[]).unwrap().get(0)
 }
 
-#[test]
-fn a_drain_with_a_backlog_holds_two_batches_in_flight_on_two_sessions() {
-    let mut fx = Fixture::new("pipeline_two_in_flight");
-    fx.insert("e", 400);
-    // The broker takes the first batches, then hears nothing more: the
-    // drain is caught with one batch awaiting its confirms and the next
-    // one claimed and sent.
+/// Drains `events` in batches of `batch` through a broker that takes the
+/// first few messages and then hears nothing more, so that the drain is
+/// caught with every batch it may have in flight awaiting its confirms.
+/// Returns whether `expected` sessions were seen holding rows at once, and
+/// how many PostgreSQL connections the run opened in all.
+fn in_flight_when_the_broker_stalls(fx: &mut Fixture, batch: &str, expected: i64) -> (bool, usize) {
     let broker = Proxy::start(amqp_addr());
     broker.stall_upstream_after(20_000);
     let db = Proxy::start(database_addr());
@@ -135,18 +134,35 @@ fn a_drain_with_a_backlog_holds_two_batches_in_flight_on_two_sessions() {
     let mut child = fx
         .command()
         .envs(env)
-        .args(["--drain", "--batch-size", "20", "--confirm-timeout", "2s"])
+        .args(["--drain", "--batch-size", batch, "--confirm-timeout", "5s"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let two = wait_until(Duration::from_secs(10), || {
-        sessions_holding_rows(&mut fx) == 2
+    let seen = wait_until(Duration::from_secs(10), || {
+        sessions_holding_rows(fx) == expected
     });
     let _ = child.kill();
     let _ = child.wait();
-    assert!(two, "two transactions never held rows at once");
-    assert_eq!(db.connections(), 2);
+    (seen, db.connections())
+}
+
+#[test]
+fn a_drain_of_small_batches_holds_four_in_flight_on_four_sessions() {
+    let mut fx = Fixture::new("pipeline_four_in_flight");
+    fx.insert("e", 400);
+    let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, "20", 4);
+    assert!(seen, "four transactions never held rows at once");
+    assert_eq!(connections, 4);
+}
+
+#[test]
+fn a_drain_of_large_batches_holds_two_in_flight_on_two_sessions() {
+    let mut fx = Fixture::new("pipeline_two_in_flight");
+    fx.insert("e", 2_000);
+    let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, "400", 2);
+    assert!(seen, "two transactions never held rows at once");
+    assert_eq!(connections, 2);
 }
 
 #[test]
@@ -163,7 +179,7 @@ fn a_drain_of_less_than_a_batch_opens_one_session() {
 }
 
 #[test]
-fn a_drain_with_two_batches_in_flight_delivers_each_event_once_and_marks_every_row() {
+fn a_drain_with_batches_in_flight_delivers_each_event_once_and_marks_every_row() {
     let mut fx = Fixture::new("pipeline_drain");
     fx.insert("e", 1_050);
     let run = fx.run(&["--drain", "--batch-size", "100", "--json"]);

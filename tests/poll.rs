@@ -3,9 +3,11 @@
 mod common;
 
 use std::collections::HashSet;
+use std::process::Stdio;
+use std::time::Duration;
 
 use common::proxy::Proxy;
-use common::{Fixture, amqp_addr, amqp_url_via};
+use common::{Fixture, Run, amqp_addr, amqp_url_via, wait_until};
 
 #[test]
 fn one_run_publishes_exactly_one_batch_in_id_order() {
@@ -141,6 +143,37 @@ fn drain_publishes_batch_after_batch_until_none_is_claimed() {
     assert_eq!(fx.published_count(), 250);
     let ids: HashSet<String> = fx.messages().into_iter().map(|m| m.message_id).collect();
     assert_eq!(ids.len(), 250);
+}
+
+#[test]
+fn a_drain_claims_a_row_it_passed_while_another_run_held_it_before_it_ends() {
+    let mut fx = Fixture::new("drain_passed_row");
+    fx.insert("e", 5_000);
+    // Another run holds e-1: the drain skips it and goes on past it.
+    let mut holder = common::connect_db();
+    let mut held = holder.transaction().unwrap();
+    let table = fx.quoted_table();
+    let lock = format!("SELECT id FROM {table} WHERE event_id = 'e-1' FOR UPDATE");
+    held.query(&lock, &[]).unwrap();
+    let child = fx
+        .command()
+        .args(["--drain", "--batch-size", "10", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Released once the drain is past it, long before the drain is done.
+    let published = format!("SELECT count(*) FROM {table} WHERE published_at IS NOT NULL");
+    let passed = wait_until(Duration::from_secs(10), || {
+        fx.db.query_one(&published, &[]).unwrap().get::<_, i64>(0) > 0
+    });
+    held.commit().unwrap();
+    let run = Run::from(child.wait_with_output().unwrap());
+    assert!(passed, "the drain never published");
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.field("published"), 5_000);
+    assert_eq!(fx.published_count(), 5_000);
+    assert_eq!(fx.arrivals().get("e-1"), Some(&1));
 }
 
 #[test]

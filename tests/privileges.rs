@@ -116,12 +116,15 @@ fn pruner_role_prunes() {
     assert_eq!(fx.rows().len(), 1);
 }
 
-#[test]
-fn a_drain_under_a_one_connection_role_drains_one_batch_at_a_time() {
-    let mut fx = Fixture::new("priv_one_connection");
-    let roles = Roles::create(&mut fx, "oneconn");
+/// Drains 50 events in batches of 10 as a relay role allowed `limit`
+/// connections: fewer than the 4 batches in flight a drain of such small
+/// batches wants. Returns the run's stderr, once every event is checked
+/// published and delivered once.
+fn drain_under_a_connection_limit(test: &str, limit: u32) -> String {
+    let mut fx = Fixture::new(test);
+    let roles = Roles::create(&mut fx, test);
     fx.execute(&format!(
-        "ALTER ROLE \"{}\" CONNECTION LIMIT 1",
+        "ALTER ROLE \"{}\" CONNECTION LIMIT {limit}",
         roles.relay
     ));
     fx.insert("e", 50);
@@ -130,11 +133,22 @@ fn a_drain_under_a_one_connection_role_drains_one_batch_at_a_time() {
     let run = fx.run_with(&[("DATABASE_URL", &url)], &args);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!((run.field("published"), run.field("batches")), (50, 5));
-    assert!(
-        run.stderr.contains("draining one batch at a time"),
-        "{}",
-        run.stderr
-    );
     assert_eq!(fx.published_count(), 50);
     assert_eq!(fx.messages().len(), 50);
+    run.stderr
+}
+
+#[test]
+fn a_drain_under_a_one_connection_role_drains_one_batch_at_a_time() {
+    let stderr = drain_under_a_connection_limit("priv_one_connection", 1);
+    assert!(stderr.contains("draining one batch at a time"), "{stderr}");
+}
+
+#[test]
+fn a_drain_under_a_two_connection_role_keeps_two_batches_in_flight() {
+    let stderr = drain_under_a_connection_limit("priv_two_connections", 2);
+    assert!(
+        stderr.contains("draining with 2 batches in flight"),
+        "{stderr}"
+    );
 }
