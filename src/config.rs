@@ -106,15 +106,15 @@ impl Poll {
     /// limit must outlive the longest legitimate wait, or the server would
     /// end the transaction between publishing and marking. That wait is the
     /// broker connect and its channel (--connect-timeout each), then the
-    /// confirms; in a drain with batches in flight on other sessions, also
-    /// their statements, one statement's time for each of them. (The
-    /// confirms of the batches ahead of this one are due before its own.)
+    /// confirms. In a drain, the run also works on its other batches in
+    /// flight meanwhile; each may open its session and its channel
+    /// (--connect-timeout each) and runs one batch of SQL (one statement's
+    /// time, as in the watchdog's budget). The confirms of the batches
+    /// ahead of this one are due before its own.
     pub fn idle_limit(&self) -> Duration {
         let others = u32::try_from(self.in_flight - 1).unwrap_or(u32::MAX);
-        IDLE_MARGIN
-            + 2 * self.broker.connect_timeout
-            + self.broker.confirm_timeout
-            + db::STATEMENT_TIMEOUT * others
+        let other = 2 * self.broker.connect_timeout + db::STATEMENT_TIMEOUT;
+        IDLE_MARGIN + 2 * self.broker.connect_timeout + self.broker.confirm_timeout + other * others
     }
 }
 

@@ -39,14 +39,54 @@ struct Sessions<'s> {
     limit: usize,
 }
 
-/// Where the next claim starts. Each claim takes rows after the last one
-/// the drain claimed, so the drain never walks back over rows it marked or
-/// holds. Rows behind it that another run held, or that came due since, are
-/// claimed by one last claim from the head of the table before the drain
-/// ends: "until none is claimed" still means none at all.
-#[derive(Default)]
-struct Cursor {
+/// How long a row behind the drain's claims may wait while the drain goes
+/// on (see Claims).
+const HEAD_EVERY: Duration = Duration::from_secs(1);
+
+/// Where the drain's claims stand.
+///
+/// While a backlog lasts, each claim starts after the last row the drain
+/// claimed, so the drain does not walk back, claim after claim, over the
+/// index entries of the rows it has marked (vacuum has not removed them
+/// yet) and over the rows its other batches hold. Rows can turn up behind
+/// it, though: a producer's transaction that committed after later ids
+/// did, a backoff that ran out, rows another run gave back. So a claim
+/// starts from the head of the table again at least every HEAD_EVERY, after
+/// any claim that was not full (the drain has caught up), and before the
+/// drain ends: "until none is claimed" still means none at all.
+struct Claims {
     from: Option<i64>,
+    head_at: Instant,
+    /// The last claim was a full batch: a backlog is waiting, worth another
+    /// session. A partial one says the drain is about done.
+    backlog: bool,
+}
+
+impl Claims {
+    fn new() -> Self {
+        Claims {
+            from: None,
+            head_at: Instant::now(),
+            backlog: false,
+        }
+    }
+
+    /// Where the next claim starts: None for the head of the table.
+    fn next(&self) -> Option<i64> {
+        self.from.filter(|_| self.head_at.elapsed() < HEAD_EVERY)
+    }
+
+    /// After a claim from `from` that returned `batch`.
+    fn claimed(&mut self, from: Option<i64>, batch: &InFlight, batch_size: i64) {
+        if from.is_none() {
+            self.head_at = Instant::now();
+        }
+        self.backlog = batch.len() as i64 == batch_size;
+        self.from = match self.backlog {
+            true => batch.last_id().checked_add(1),
+            false => None,
+        };
+    }
 }
 
 impl Drain<'_> {
@@ -67,12 +107,11 @@ impl Drain<'_> {
             limit: self.poll.in_flight,
         };
         let mut flight = Flight::new();
-        let mut cursor = Cursor::default();
+        let mut claims = Claims::new();
         let mut claiming = true;
-        let mut backlog = false;
         loop {
             while claiming && self.may_start(flight.len()) {
-                let Some(index) = self.free_session(&mut sessions, backlog) else {
+                let Some(index) = self.free_session(&mut sessions, claims.backlog) else {
                     break;
                 };
                 // Opening a session takes time: --max-duration may have passed.
@@ -81,14 +120,8 @@ impl Drain<'_> {
                     break;
                 }
                 self.arm_for_batches();
-                match self.start(&mut sessions.all[index], &mut cursor) {
-                    Ok(Some(batch)) => {
-                        // A full batch says a backlog is waiting: worth
-                        // another session. A partial one says the drain is
-                        // about done.
-                        backlog = batch.len() as i64 == self.poll.batch_size;
-                        flight.push_back((index, batch));
-                    }
+                match self.start(&mut sessions.all[index], &mut claims) {
+                    Ok(Some(batch)) => flight.push_back((index, batch)),
                     Ok(None) => {
                         sessions.idle.push(index);
                         claiming = false;
@@ -109,23 +142,20 @@ impl Drain<'_> {
         }
     }
 
-    /// Starts a batch: claims from the cursor and sends. Returns None when
-    /// the drain has nothing more to start.
-    fn start(&mut self, session: &mut Session, cursor: &mut Cursor) -> Result<Option<InFlight>> {
-        let from = cursor.from;
+    /// Starts a batch where the claims stand, and sends it. Returns None
+    /// when the drain has nothing more to start.
+    fn start(&mut self, session: &mut Session, claims: &mut Claims) -> Result<Option<InFlight>> {
         let poll = self.poll;
+        // Ordered mode never passes a row: it always claims from the head.
+        let from = claims.next().filter(|_| !poll.ordered);
         match batch::start(session, poll, self.broker, self.stop, self.totals, from)? {
             Started::InFlight(batch) => {
-                // Ordered mode never passes a row: its claims always start
-                // at the head of the table.
-                if !poll.ordered {
-                    cursor.from = batch.last_id().checked_add(1);
-                }
+                claims.claimed(from, &batch, poll.batch_size);
                 Ok(Some(batch))
             }
             Started::Ended(Ended::Empty) if from.is_some() => {
-                cursor.from = None;
-                self.start(session, cursor)
+                claims.from = None;
+                self.start(session, claims)
             }
             Started::Ended(_) => Ok(None),
         }
@@ -218,7 +248,10 @@ impl Drain<'_> {
 /// Every bound a batch can meet, one after the other: connecting to the
 /// broker and opening its channel, the confirms, and the batch's SQL, which
 /// touches one batch of rows by primary key and so gets one statement's
-/// time in all (each statement is also bounded by the server).
+/// time in all (each statement is also bounded by the server). A start
+/// that finds nothing after the drain's last claim claims again from the
+/// head: two short statements more, which the confirms' share leaves room
+/// for, as a start awaits no confirm.
 fn batch_budget(poll: &Poll) -> Duration {
     2 * poll.broker.connect_timeout
         + poll.broker.confirm_timeout

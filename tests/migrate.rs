@@ -158,6 +158,15 @@ fn a_reference_table_with_serial_id_and_bigint_attempts_works_with_every_command
         rows,
         [("a".to_string(), true, 0), ("b".to_string(), false, 1)]
     );
+    // A drain's claims start after its last one: an int4 id against a
+    // bigint bound.
+    fx.execute(
+        "INSERT INTO {table} (event_id, event_type, payload) \
+         VALUES ('c', 'order.created', '{}'), ('d', 'order.created', '{}')",
+    );
+    let drain = fx.run(&["--drain", "--batch-size", "1", "--json"]);
+    assert_eq!(drain.code, 0, "{}", drain.stderr);
+    assert_eq!((drain.field("published"), drain.field("batches")), (2, 2));
     // The operators' commands read the same table.
     let status = fx.run(&["status", "--json", "--max-attempts", "1"]);
     assert_eq!(status.code, 0, "{}", status.stderr);
@@ -165,4 +174,5 @@ fn a_reference_table_with_serial_id_and_bigint_attempts_works_with_every_command
     let requeue = fx.run(&["requeue", "--dead", "--max-attempts", "1"]);
     assert_eq!(requeue.code, 0, "{}", requeue.stderr);
     assert_eq!(fx.rows_untyped()[1], ("b".to_string(), false, 0));
+    assert!(fx.rows_untyped().iter().all(|row| row.1 || row.0 == "b"));
 }

@@ -117,14 +117,20 @@ fn sessions_holding_rows(fx: &mut Fixture) -> i64 {
     fx.db.query_one(&sql, &[]).unwrap().get(0)
 }
 
-/// Drains `events` in batches of `batch` through a broker that takes the
-/// first few messages and then hears nothing more, so that the drain is
+/// Drains in batches of `batch` through a broker that takes the first
+/// `through` bytes and then hears nothing more: the first batches are
+/// confirmed, their sessions and channels are reused, and the drain is
 /// caught with every batch it may have in flight awaiting its confirms.
 /// Returns whether `expected` sessions were seen holding rows at once, and
 /// how many PostgreSQL connections the run opened in all.
-fn in_flight_when_the_broker_stalls(fx: &mut Fixture, batch: &str, expected: i64) -> (bool, usize) {
+fn in_flight_when_the_broker_stalls(
+    fx: &mut Fixture,
+    batch: &str,
+    through: u64,
+    expected: i64,
+) -> (bool, usize) {
     let broker = Proxy::start(amqp_addr());
-    broker.stall_upstream_after(20_000);
+    broker.stall_upstream_after(through);
     let db = Proxy::start(database_addr());
     let (amqp, database) = (amqp_url_via(broker.port()), database_url_via(db.port()));
     let env = [
@@ -139,9 +145,12 @@ fn in_flight_when_the_broker_stalls(fx: &mut Fixture, batch: &str, expected: i64
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let seen = wait_until(Duration::from_secs(10), || {
-        sessions_holding_rows(fx) == expected
-    });
+    // Every confirm for what got through is back: the drain has started
+    // all the batches it will, and waits.
+    let limit = Duration::from_secs(10);
+    assert!(broker.wait_for_upstream(through, limit));
+    assert!(broker.wait_for_quiet_downstream(Duration::from_millis(500), limit));
+    let seen = wait_until(limit, || sessions_holding_rows(fx) == expected);
     let _ = child.kill();
     let _ = child.wait();
     (seen, db.connections())
@@ -151,7 +160,8 @@ fn in_flight_when_the_broker_stalls(fx: &mut Fixture, batch: &str, expected: i64
 fn a_drain_of_small_batches_holds_four_in_flight_on_four_sessions() {
     let mut fx = Fixture::new("pipeline_four_in_flight");
     fx.insert("e", 400);
-    let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, "20", 4);
+    // Batches of 20 take about 8 KB on the wire: some 7 get through.
+    let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, "20", 60_000, 4);
     assert!(seen, "four transactions never held rows at once");
     assert_eq!(connections, 4);
 }
@@ -160,7 +170,8 @@ fn a_drain_of_small_batches_holds_four_in_flight_on_four_sessions() {
 fn a_drain_of_large_batches_holds_two_in_flight_on_two_sessions() {
     let mut fx = Fixture::new("pipeline_two_in_flight");
     fx.insert("e", 2_000);
-    let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, "400", 2);
+    // Batches of 400 take about 150 KB on the wire: some 2.5 get through.
+    let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, "400", 400_000, 2);
     assert!(seen, "two transactions never held rows at once");
     assert_eq!(connections, 2);
 }

@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::proxy::Proxy;
-use common::{Fixture, Run, amqp_addr, amqp_url_via, wait_until};
+use common::{Fixture, Run, amqp_addr, amqp_url_via};
 
 #[test]
 fn one_run_publishes_exactly_one_batch_in_id_order() {
@@ -145,35 +145,64 @@ fn drain_publishes_batch_after_batch_until_none_is_claimed() {
     assert_eq!(ids.len(), 250);
 }
 
-#[test]
-fn a_drain_claims_a_row_it_passed_while_another_run_held_it_before_it_ends() {
-    let mut fx = Fixture::new("drain_passed_row");
-    fx.insert("e", 5_000);
-    // Another run holds e-1: the drain skips it and goes on past it.
+/// Holds e-1 in another transaction, starts a drain of `batch`-sized
+/// batches through a broker that stalls once the drain has claimed past
+/// e-1, releases e-1 and lets the broker go on. Returns the drain's run.
+fn drain_past_a_held_row(fx: &mut Fixture, batch: &str) -> Run {
     let mut holder = common::connect_db();
     let mut held = holder.transaction().unwrap();
-    let table = fx.quoted_table();
-    let lock = format!("SELECT id FROM {table} WHERE event_id = 'e-1' FOR UPDATE");
+    let lock = format!(
+        "SELECT id FROM {} WHERE event_id = 'e-1' FOR UPDATE",
+        fx.quoted_table()
+    );
     held.query(&lock, &[]).unwrap();
+    let broker = Proxy::start(amqp_addr());
+    broker.stall_upstream_after(5_000);
+    let url = amqp_url_via(broker.port());
     let child = fx
         .command()
-        .args(["--drain", "--batch-size", "10", "--json"])
+        .env("AMQP_URL", &url)
+        .args(["--drain", "--batch-size", batch, "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Released once the drain is past it, long before the drain is done.
-    let published = format!("SELECT count(*) FROM {table} WHERE published_at IS NOT NULL");
-    let passed = wait_until(Duration::from_secs(10), || {
-        fx.db.query_one(&published, &[]).unwrap().get::<_, i64>(0) > 0
-    });
+    // Events are on the wire: the drain has claimed, and skipped e-1.
+    assert!(broker.wait_for_upstream(5_000, Duration::from_secs(10)));
     held.commit().unwrap();
-    let run = Run::from(child.wait_with_output().unwrap());
-    assert!(passed, "the drain never published");
+    broker.resume();
+    Run::from(child.wait_with_output().unwrap())
+}
+
+#[test]
+fn a_drain_claims_a_row_it_passed_while_another_run_held_it_before_it_ends() {
+    let mut fx = Fixture::new("drain_passed_row");
+    fx.insert("e", 100);
+    let run = drain_past_a_held_row(&mut fx, "10");
     assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_eq!(run.field("published"), 5_000);
-    assert_eq!(fx.published_count(), 5_000);
+    assert_eq!(run.field("published"), 100);
+    assert_eq!(fx.published_count(), 100);
     assert_eq!(fx.arrivals().get("e-1"), Some(&1));
+}
+
+#[test]
+fn a_row_a_drain_passed_does_not_wait_for_the_drain_to_end() {
+    let mut fx = Fixture::new("drain_passed_row_soon");
+    // 2,000 batches of one: seconds of draining after e-1 is released.
+    fx.insert("e", 2_000);
+    let run = drain_past_a_held_row(&mut fx, "1");
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(fx.published_count(), 2_000);
+    let later = format!(
+        "SELECT count(*) FROM {table} WHERE published_at > \
+         (SELECT published_at FROM {table} WHERE event_id = 'e-1')",
+        table = fx.quoted_table()
+    );
+    let published_later: i64 = fx.db.query_one(&later, &[]).unwrap().get(0);
+    assert!(
+        published_later > 100,
+        "only {published_later} events were published after e-1"
+    );
 }
 
 #[test]

@@ -145,7 +145,7 @@ fn a_drain_under_a_one_connection_role_drains_one_batch_at_a_time() {
 }
 
 #[test]
-fn a_drain_under_a_two_connection_role_keeps_two_batches_in_flight() {
+fn a_drain_under_a_two_connection_role_says_it_keeps_two_batches_in_flight() {
     let stderr = drain_under_a_connection_limit("priv_two_connections", 2);
     assert!(
         stderr.contains("draining with 2 batches in flight"),

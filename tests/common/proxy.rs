@@ -100,8 +100,6 @@ impl Proxy {
         self.state.stalled.store(false, Ordering::SeqCst);
     }
 
-    /// Waits until the client has sent at least `bytes` (for example: until
-    /// a stall_upstream_after(bytes) holds the run mid-batch).
     /// Waits until the server has sent nothing for `quiet` (say, every
     /// confirm for what got through has come back), at most `limit`.
     pub fn wait_for_quiet_downstream(&self, quiet: Duration, limit: Duration) -> bool {
@@ -122,6 +120,8 @@ impl Proxy {
         false
     }
 
+    /// Waits until the client has sent at least `bytes` (for example: until
+    /// a stall_upstream_after(bytes) holds the run mid-batch).
     pub fn wait_for_upstream(&self, bytes: u64, limit: Duration) -> bool {
         super::wait_until(limit, || self.upstream_bytes() >= bytes)
     }
