@@ -20,7 +20,7 @@
 //! comma-separated subset of: limits,shapes,drain,naive,empty,memory,
 //! scaling).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -544,15 +544,22 @@ fn pg_limit(fx: &mut Fixture, batch: i64, limit: bool) -> Figure {
     }
 }
 
+/// The batches a drain keeps in flight at `batch` events each: the rule of
+/// src/config.rs (400 events' worth, 2 to 4 batches), which this harness-less
+/// bench target cannot import.
+fn in_flight(batch: i64) -> usize {
+    400_usize.div_ceil(batch.max(1) as usize).clamp(2, 4)
+}
+
 /// RabbitMQ alone: the same messages (bodies and properties) to the same
 /// kind of queue, every publish of a window of `window` issued before any
-/// confirm is awaited. With `overlap` the next window is issued before the
-/// previous window's confirms are awaited (a continuous pipeline: the
-/// broker's limit); without it each window waits for its confirms, the
-/// shape of one relay batch.
-fn broker_limit(fx: &mut Fixture, window: usize, overlap: bool) -> Figure {
+/// confirm is awaited, and up to `depth` windows awaiting their confirms.
+/// Depth 2 with windows of 1,000 is a continuous pipeline: the broker's
+/// limit. Depth 1 waits for each window's confirms, the shape of one relay
+/// batch; a drain's depth is its batches in flight.
+fn broker_limit(fx: &mut Fixture, window: usize, depth: usize, limit: bool) -> Figure {
     let table = fx.table();
-    let count = if overlap {
+    let count = if limit {
         fx.settings.events
     } else {
         fx.settings.events / 2
@@ -585,7 +592,7 @@ fn broker_limit(fx: &mut Fixture, window: usize, overlap: bool) -> Figure {
         };
         let started = Instant::now();
         let mut acked = 0u64;
-        let mut previous = Vec::new();
+        let mut awaiting = VecDeque::new();
         for chunk in events.chunks(window) {
             let publishes = chunk.iter().map(|event| {
                 channel.basic_publish(
@@ -601,14 +608,14 @@ fn broker_limit(fx: &mut Fixture, window: usize, overlap: bool) -> Figure {
                 .into_iter()
                 .map(|r| r.unwrap())
                 .collect();
-            acked += acks(join_all(std::mem::take(&mut previous)).await);
-            if overlap {
-                previous = confirms;
-            } else {
-                acked += acks(join_all(confirms).await);
+            awaiting.push_back(confirms);
+            while awaiting.len() >= depth {
+                acked += acks(join_all(awaiting.pop_front().unwrap()).await);
             }
         }
-        acked += acks(join_all(previous).await);
+        for confirms in awaiting {
+            acked += acks(join_all(confirms).await);
+        }
         let seconds = started.elapsed().as_secs_f64();
         let _ = channel.close(200, "bye".into()).await;
         (seconds, acked)
@@ -616,10 +623,10 @@ fn broker_limit(fx: &mut Fixture, window: usize, overlap: bool) -> Figure {
     drop(events);
     let (verified, failed) = fx.verify(count, true, false);
     check(failed, &verified);
-    let name = if overlap {
-        format!("limit: RabbitMQ only, continuous pipeline, window {window}")
-    } else {
-        format!("RabbitMQ only, {window} then wait for their confirms")
+    let name = match (limit, depth) {
+        (true, _) => format!("limit: RabbitMQ only, continuous pipeline, window {window}"),
+        (false, 1) => format!("RabbitMQ only, {window} then wait for their confirms"),
+        (false, _) => format!("RabbitMQ only, {window} per batch, {depth} batches in flight"),
     };
     Figure {
         name,
@@ -781,7 +788,7 @@ fn main() {
     let mut broker = None;
     let mut pg = None;
     if fx.settings.wants("limits") {
-        let b = broker_limit(&mut fx, 1000, true);
+        let b = broker_limit(&mut fx, 1000, 2, true);
         broker = Some(b.rate());
         eprintln!("bench: {} {:.0}/s {}", b.name, b.rate(), b.verified);
         figures.push(b);
@@ -798,7 +805,9 @@ fn main() {
         // What one batch costs on each side alone, at the batch sizes the
         // drains use: where the relay's time per batch goes.
         for batch in fx.settings.batches.clone() {
-            figures.push(broker_limit(&mut fx, batch as usize, false));
+            figures.push(broker_limit(&mut fx, batch as usize, 1, false));
+            let depth = in_flight(batch);
+            figures.push(broker_limit(&mut fx, batch as usize, depth, false));
             figures.push(pg_limit(&mut fx, batch, false));
         }
         eprintln!(
