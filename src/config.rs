@@ -107,15 +107,27 @@ impl Poll {
     /// end the transaction between publishing and marking. That wait is the
     /// broker connect and its channel (--connect-timeout each), then the
     /// confirms. In a drain, the run also works on its other batches in
-    /// flight meanwhile; each may open its session and its channel
-    /// (--connect-timeout each) and runs one batch of SQL (one statement's
-    /// time, as in the watchdog's budget). The confirms of the batches
-    /// ahead of this one are due before its own.
+    /// flight meanwhile: each may open its session and its channel
+    /// (--connect-timeout each, as a drain starts), and for each the run
+    /// marks and commits the batch ahead and claims the next one (a
+    /// statement's time each). The confirms of the batches ahead of this
+    /// one are due before its own.
     pub fn idle_limit(&self) -> Duration {
-        let others = u32::try_from(self.in_flight - 1).unwrap_or(u32::MAX);
-        let other = 2 * self.broker.connect_timeout + db::STATEMENT_TIMEOUT;
-        IDLE_MARGIN + 2 * self.broker.connect_timeout + self.broker.confirm_timeout + other * others
+        let broker = &self.broker;
+        idle_limit(
+            broker.connect_timeout,
+            broker.confirm_timeout,
+            self.in_flight,
+        )
     }
+}
+
+/// Poll::idle_limit, from --connect-timeout, --confirm-timeout and the
+/// batches in flight.
+fn idle_limit(connect: Duration, confirm: Duration, in_flight: usize) -> Duration {
+    let others = u32::try_from(in_flight - 1).unwrap_or(u32::MAX);
+    let other = 2 * connect + 2 * db::STATEMENT_TIMEOUT;
+    IDLE_MARGIN + 2 * connect + confirm + other * others
 }
 
 /// How many batches a run may have in flight. Small batches need more of
@@ -133,7 +145,16 @@ fn in_flight(batch_size: u32, drain: bool, ordered: bool) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::in_flight;
+    use super::{Duration, idle_limit, in_flight};
+
+    #[test]
+    fn the_idle_limit_grows_with_the_batches_in_flight() {
+        // The defaults: --connect-timeout 10s, --confirm-timeout 30s.
+        let secs = |in_flight| {
+            idle_limit(Duration::from_secs(10), Duration::from_secs(30), in_flight).as_secs()
+        };
+        assert_eq!((secs(1), secs(2), secs(4)), (80, 160, 320));
+    }
 
     #[test]
     fn a_drain_of_small_batches_keeps_up_to_four_in_flight() {

@@ -250,8 +250,9 @@ impl Drain<'_> {
 /// touches one batch of rows by primary key and so gets one statement's
 /// time in all (each statement is also bounded by the server). A start
 /// that finds nothing after the drain's last claim claims again from the
-/// head: two short statements more, which the confirms' share leaves room
-/// for, as a start awaits no confirm.
+/// head; on a healthy server both claims take milliseconds, and one that
+/// takes most of a statement timeout to find nothing is what this bound is
+/// for.
 fn batch_budget(poll: &Poll) -> Duration {
     2 * poll.broker.connect_timeout
         + poll.broker.confirm_timeout

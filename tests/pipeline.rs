@@ -160,7 +160,7 @@ fn in_flight_when_the_broker_stalls(
 fn a_drain_of_small_batches_holds_four_in_flight_on_four_sessions() {
     let mut fx = Fixture::new("pipeline_four_in_flight");
     fx.insert("e", 400);
-    // Batches of 20 take about 8 KB on the wire: some 7 get through.
+    // Batches of 20 take about 6.5 KB on the wire: some 9 get through.
     let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, "20", 60_000, 4);
     assert!(seen, "four transactions never held rows at once");
     assert_eq!(connections, 4);
@@ -169,8 +169,8 @@ fn a_drain_of_small_batches_holds_four_in_flight_on_four_sessions() {
 #[test]
 fn a_drain_of_large_batches_holds_two_in_flight_on_two_sessions() {
     let mut fx = Fixture::new("pipeline_two_in_flight");
-    fx.insert("e", 2_000);
-    // Batches of 400 take about 150 KB on the wire: some 2.5 get through.
+    fx.insert("e", 4_000);
+    // Batches of 400 take about 130 KB on the wire: some 3 get through.
     let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, "400", 400_000, 2);
     assert!(seen, "two transactions never held rows at once");
     assert_eq!(connections, 2);
