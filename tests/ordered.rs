@@ -72,13 +72,7 @@ fn ordered_run_never_skips_past_a_row_another_transaction_holds() {
     let mut fx = Fixture::new("ordered_no_skip");
     fx.insert("e", 3);
     // Someone (a requeue, a plain run) holds e-2 for a moment.
-    let mut other = connect_db();
-    let mut tx = other.transaction().unwrap();
-    let sql = format!(
-        "SELECT 1 FROM {} WHERE event_id = 'e-2' FOR UPDATE",
-        fx.quoted_table()
-    );
-    tx.execute(&sql, &[]).unwrap();
+    let held = fx.hold_row("e-2");
 
     // A plain claim skips the held row (that is what keeps plain runs
     // apart); a dry run shows it without publishing anything.
@@ -98,7 +92,7 @@ fn ordered_run_never_skips_past_a_row_another_transaction_holds() {
     command.args(["--ordered", "--json"]).stdout(Stdio::piped());
     let ordered = command.spawn().unwrap();
     sleep(Duration::from_millis(500));
-    tx.rollback().unwrap();
+    held.release();
     let output = ordered.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(0));
     assert_eq!(ids(&fx), ["e-1", "e-2", "e-3"], "e-3 never overtook e-2");

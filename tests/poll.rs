@@ -149,13 +149,7 @@ fn drain_publishes_batch_after_batch_until_none_is_claimed() {
 /// batches through a broker that stalls once the drain has claimed past
 /// e-1, releases e-1 and lets the broker go on. Returns the drain's run.
 fn drain_past_a_held_row(fx: &mut Fixture, batch: &str) -> Run {
-    let mut holder = common::connect_db();
-    let mut held = holder.transaction().unwrap();
-    let lock = format!(
-        "SELECT id FROM {} WHERE event_id = 'e-1' FOR UPDATE",
-        fx.quoted_table()
-    );
-    held.query(&lock, &[]).unwrap();
+    let held = fx.hold_row("e-1");
     let broker = Proxy::start(amqp_addr());
     broker.stall_upstream_after(5_000);
     let url = amqp_url_via(broker.port());
@@ -169,7 +163,7 @@ fn drain_past_a_held_row(fx: &mut Fixture, batch: &str) -> Run {
         .unwrap();
     // Events are on the wire: the drain has claimed, and skipped e-1.
     assert!(broker.wait_for_upstream(5_000, Duration::from_secs(10)));
-    held.commit().unwrap();
+    held.release();
     broker.resume();
     Run::from(child.wait_with_output().unwrap())
 }

@@ -80,6 +80,15 @@ pub fn connect_db() -> Client {
     Client::connect(&database_url(), NoTls).expect("connecting to the test database")
 }
 
+/// A row lock held by another session (Fixture::hold_row).
+pub struct HeldRow(Client);
+
+impl HeldRow {
+    pub fn release(mut self) {
+        self.0.batch_execute("COMMIT").unwrap();
+    }
+}
+
 /// A message as a consumer sees it.
 #[derive(Debug, Clone)]
 pub struct Message {
@@ -310,6 +319,18 @@ impl Fixture {
     pub fn route_only(&self, binding: &str) {
         self.amqp.unbind(&self.queue, &self.exchange, "#");
         self.amqp.bind(&self.queue, &self.exchange, binding);
+    }
+
+    /// Another session holding `event_id`'s row lock, as a concurrent run
+    /// does between its claim and its commit, until `release`.
+    pub fn hold_row(&self, event_id: &str) -> HeldRow {
+        let mut other = connect_db();
+        let sql = format!(
+            "BEGIN; SELECT 1 FROM {} WHERE event_id = '{event_id}' FOR UPDATE",
+            self.quoted_table()
+        );
+        other.batch_execute(&sql).unwrap();
+        HeldRow(other)
     }
 
     pub fn published_count(&mut self) -> usize {
