@@ -4,8 +4,10 @@
 //! bound to every routing key; `peek take QUEUE` takes every message off the
 //! queue and prints one line each: message_id, type and body.
 
+use std::io::Write;
+
 use lapin::options::{
-    BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -62,19 +64,30 @@ async fn bind(channel: &Channel, exchange: &str, queue: &str) -> anyhow::Result<
     Ok(())
 }
 
+/// Each message is acknowledged only once its line is written: a reader
+/// that stops early (`| head`) leaves the rest, that one included, queued.
 async fn take(channel: &Channel, queue: &str) -> anyhow::Result<()> {
-    let options = BasicGetOptions { no_ack: true };
+    let mut out = std::io::stdout().lock();
+    let options = BasicGetOptions { no_ack: false };
     while let Some(message) = channel.basic_get(queue.into(), options).await? {
         let properties = &message.delivery.properties;
         let text = |value: &Option<lapin::types::ShortString>| {
             value.as_ref().map_or_else(String::new, ToString::to_string)
         };
-        println!(
+        let line = writeln!(
+            out,
             "{}  {}  {}",
             text(properties.message_id()),
             text(properties.kind()),
             String::from_utf8_lossy(&message.delivery.data)
         );
+        match line {
+            Ok(()) => {
+                message.delivery.ack(BasicAckOptions::default()).await?;
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(error) => return Err(error.into()),
+        }
     }
     Ok(())
 }
