@@ -31,10 +31,13 @@ use lapin::options::{
     ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
     QueuePurgeOptions,
 };
-use lapin::types::{FieldTable, ShortString};
-use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
-};
+use lapin::types::FieldTable;
+use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use outbox_poll::broker::message::{properties, short_strings};
+use outbox_poll::cli::DEFAULT_MAX_ATTEMPTS;
+use outbox_poll::config::in_flight;
+use outbox_poll::sql::outbox::{Event, Outbox};
+use outbox_poll::sql::table::TableName;
 use postgres::{Client, NoTls};
 use tokio::runtime::Runtime;
 
@@ -454,77 +457,60 @@ impl Drop for Fixture {
     }
 }
 
-/// A claimed event, as the limits and the baseline carry it.
-struct Event {
-    id: i64,
-    event_id: String,
-    event_type: String,
-    payload: String,
-    created_at: i64,
+/// The relay's own claim and mark statements (`sql::outbox`), prepared on
+/// a connection of the bench's: the limits measure exactly the SQL that
+/// ships.
+fn relay_statements(fx: &Fixture, client: &mut Client) -> Outbox {
+    let table = TableName::parse(&fx.table()).expect("the bench's table name");
+    Outbox::prepare(client, &table, DEFAULT_MAX_ATTEMPTS, false)
+        .expect("preparing the relay's statements")
 }
 
-/// The relay's claim query, column for column.
-fn claim_sql(table: &str) -> String {
-    format!(
-        "SELECT id, event_id, event_type, payload::text, \
-         extract(epoch FROM created_at)::bigint, attempts FROM {table} \
-         WHERE published_at IS NULL AND attempts < $1 AND available_at <= now() \
-         ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
+/// Claims up to `limit` events as the relay does, in the transaction open
+/// on `client`.
+fn claim(client: &mut Client, outbox: &Outbox, limit: i64) -> Vec<Event> {
+    outbox.claim(client, limit, None).expect("claiming")
+}
+
+/// A publish of `event` as the relay makes it: routing key, properties
+/// and body from `broker::message`, `mandatory` set.
+fn publish<'c>(
+    channel: &'c Channel,
+    exchange: &str,
+    event: &'c Event,
+) -> impl Future<Output = lapin::Result<lapin::PublisherConfirm>> + 'c {
+    let (routing_key, message_id) = short_strings(event).expect("short event names");
+    let properties = properties(event, routing_key.clone(), message_id);
+    channel.basic_publish(
+        exchange.into(),
+        routing_key,
+        BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        },
+        event.payload.as_bytes(),
+        properties,
     )
 }
-
-fn to_events(rows: &[postgres::Row]) -> Vec<Event> {
-    rows.iter()
-        .map(|row| Event {
-            id: row.get(0),
-            event_id: row.get(1),
-            event_type: row.get(2),
-            payload: row.get(3),
-            created_at: row.get(4),
-        })
-        .collect()
-}
-
-fn properties(event: &Event) -> BasicProperties {
-    BasicProperties::default()
-        .with_message_id(ShortString::from(event.event_id.as_str()))
-        .with_type(ShortString::from(event.event_type.as_str()))
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2)
-        .with_timestamp(event.created_at as u64)
-        .with_app_id("outbox-poll".into())
-}
-
-const MANDATORY: BasicPublishOptions = BasicPublishOptions {
-    mandatory: true,
-    immediate: false,
-};
 
 /// PostgreSQL alone: claim a batch, mark it, commit, with the relay's SQL
 /// and prepared statements, nothing published.
 fn pg_limit(fx: &mut Fixture, batch: i64, limit: bool) -> Figure {
-    let table = fx.table();
     fx.fill(fx.settings.events, 200);
     let mut client = Client::connect(&fx.settings.database_url, NoTls).unwrap();
-    let claim = client.prepare(&claim_sql(&table)).unwrap();
-    let mark = client
-        .prepare(&format!(
-            "UPDATE {table} SET published_at = now() WHERE id = ANY($1)"
-        ))
-        .unwrap();
+    let outbox = relay_statements(fx, &mut client);
     let started = Instant::now();
     let mut total = 0u64;
     loop {
-        let mut tx = client.transaction().unwrap();
-        let rows = tx.query(&claim, &[&10i32, &batch]).unwrap();
-        if rows.is_empty() {
-            tx.commit().unwrap();
+        client.batch_execute("BEGIN").unwrap();
+        let events = claim(&mut client, &outbox, batch);
+        if events.is_empty() {
+            client.batch_execute("COMMIT").unwrap();
             break;
         }
-        let events = to_events(&rows);
         let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
-        tx.execute(&mark, &[&ids]).unwrap();
-        tx.commit().unwrap();
+        outbox.mark_published(&mut client, &ids).unwrap();
+        client.batch_execute("COMMIT").unwrap();
         total += ids.len() as u64;
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -544,13 +530,6 @@ fn pg_limit(fx: &mut Fixture, batch: i64, limit: bool) -> Figure {
     }
 }
 
-/// The batches a drain keeps in flight at `batch` events each: the rule of
-/// src/config.rs (400 events' worth, 2 to 4 batches), which this harness-less
-/// bench target cannot import.
-fn in_flight(batch: i64) -> usize {
-    400_usize.div_ceil(batch.max(1) as usize).clamp(2, 4)
-}
-
 /// RabbitMQ alone: the same messages (bodies and properties) to the same
 /// kind of queue, every publish of a window of `window` issued before any
 /// confirm is awaited, and up to `depth` windows awaiting their confirms.
@@ -558,25 +537,18 @@ fn in_flight(batch: i64) -> usize {
 /// limit. Depth 1 waits for each window's confirms, the shape of one relay
 /// batch; a drain's depth is its batches in flight.
 fn broker_limit(fx: &mut Fixture, window: usize, depth: usize, limit: bool) -> Figure {
-    let table = fx.table();
     let count = if limit {
         fx.settings.events
     } else {
         fx.settings.events / 2
     };
     fx.fill(count, 200);
-    let rows = fx
-        .db
-        .query(
-            &format!(
-                "SELECT id, event_id, event_type, payload::text, \
-                 extract(epoch FROM created_at)::bigint FROM {table} ORDER BY id"
-            ),
-            &[],
-        )
-        .unwrap();
-    let events = to_events(&rows);
-    drop(rows);
+    // Read as the relay reads them (a claim, rolled back).
+    let mut client = Client::connect(&fx.settings.database_url, NoTls).unwrap();
+    let outbox = relay_statements(fx, &mut client);
+    client.batch_execute("BEGIN").unwrap();
+    let events = claim(&mut client, &outbox, count);
+    client.batch_execute("ROLLBACK").unwrap();
     let exchange = fx.name.clone();
     let (seconds, acked) = fx.runtime.block_on(async {
         let channel = fx.connection.create_channel().await.unwrap();
@@ -594,15 +566,9 @@ fn broker_limit(fx: &mut Fixture, window: usize, depth: usize, limit: bool) -> F
         let mut acked = 0u64;
         let mut awaiting = VecDeque::new();
         for chunk in events.chunks(window) {
-            let publishes = chunk.iter().map(|event| {
-                channel.basic_publish(
-                    exchange.as_str().into(),
-                    event.event_type.as_str().into(),
-                    MANDATORY,
-                    event.payload.as_bytes(),
-                    properties(event),
-                )
-            });
+            let publishes = chunk
+                .iter()
+                .map(|event| publish(&channel, &exchange, event));
             let confirms: Vec<_> = join_all(publishes)
                 .await
                 .into_iter()
@@ -644,8 +610,12 @@ fn naive(fx: &mut Fixture) -> Figure {
     let count = fx.settings.naive_events;
     fx.fill(count, 200);
     let mut client = Client::connect(&fx.settings.database_url, NoTls).unwrap();
-    let claim_text = claim_sql(&table);
-    let mark_text = format!("UPDATE {table} SET published_at = now() WHERE id = $1");
+    let outbox = relay_statements(fx, &mut client);
+    let mark = client
+        .prepare(&format!(
+            "UPDATE {table} SET published_at = now() WHERE id = $1"
+        ))
+        .unwrap();
     let exchange = fx.name.clone();
     let channel = fx.runtime.block_on(async {
         let channel = fx.connection.create_channel().await.unwrap();
@@ -658,33 +628,26 @@ fn naive(fx: &mut Fixture) -> Figure {
     let started = Instant::now();
     let mut total = 0u64;
     loop {
-        let mut tx = client.transaction().unwrap();
-        let rows = tx.query(claim_text.as_str(), &[&10i32, &100i64]).unwrap();
-        if rows.is_empty() {
-            tx.commit().unwrap();
+        client.batch_execute("BEGIN").unwrap();
+        let events = claim(&mut client, &outbox, 100);
+        if events.is_empty() {
+            client.batch_execute("COMMIT").unwrap();
             break;
         }
-        for event in to_events(&rows) {
+        for event in &events {
             let confirmation = fx.runtime.block_on(async {
-                channel
-                    .basic_publish(
-                        exchange.as_str().into(),
-                        event.event_type.as_str().into(),
-                        MANDATORY,
-                        event.payload.as_bytes(),
-                        properties(&event),
-                    )
+                publish(&channel, &exchange, event)
                     .await
                     .unwrap()
                     .await
                     .unwrap()
             });
             if let Confirmation::Ack(None) = confirmation {
-                tx.execute(mark_text.as_str(), &[&event.id]).unwrap();
+                client.execute(&mark, &[&event.id]).unwrap();
                 total += 1;
             }
         }
-        tx.commit().unwrap();
+        client.batch_execute("COMMIT").unwrap();
     }
     let seconds = started.elapsed().as_secs_f64();
     fx.runtime.block_on(async {
@@ -806,7 +769,7 @@ fn main() {
         // drains use: where the relay's time per batch goes.
         for batch in fx.settings.batches.clone() {
             figures.push(broker_limit(&mut fx, batch as usize, 1, false));
-            let depth = in_flight(batch);
+            let depth = in_flight(batch as u32, true, false);
             figures.push(broker_limit(&mut fx, batch as usize, depth, false));
             figures.push(pg_limit(&mut fx, batch, false));
         }

@@ -1,10 +1,14 @@
-//! The command line, exactly as CONTRACT.md names it. Only parsing lives
-//! here; `config` turns it into typed settings.
+//! The command line, exactly as the contract names it (the README's
+//! "Command line"). Only parsing lives here; `config` turns it into
+//! typed settings.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+
+/// --max-attempts when not given: the tenth failure makes an event dead.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -117,7 +121,7 @@ pub struct DatabaseArgs {
     pub table: String,
 
     /// A row with attempts >= N is dead: never claimed again.
-    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10, global = true,
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = DEFAULT_MAX_ATTEMPTS, global = true,
           value_parser = clap::value_parser!(i32).range(1..))]
     pub max_attempts: i32,
 

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 
+use crate::broker::publisher::BrokerConfig;
 use crate::cli::{Cli, DatabaseArgs, PollArgs};
-use crate::db;
+use crate::connect::amqp_url::amqp_uri;
+use crate::connect::database::STATEMENT_TIMEOUT;
+use crate::connect::libpq::{Env, database_config};
 use crate::exit;
-use crate::publisher::BrokerConfig;
-use crate::table::TableName;
-use crate::urls::{self, Env};
+use crate::sql::table::TableName;
 
 /// AMQP short strings (exchange names among them) hold at most 255 bytes.
 const MAX_EXCHANGE_BYTES: usize = 255;
@@ -35,9 +36,9 @@ pub struct Database {
     pub connect_timeout: Duration,
 }
 
-/// What a poll run does.
+/// What a poll run (the relay) does.
 #[derive(Debug, Clone)]
-pub struct Poll {
+pub struct Relay {
     pub broker: BrokerConfig,
     pub batch_size: i64,
     pub drain: bool,
@@ -52,8 +53,7 @@ pub struct Poll {
 
 impl Database {
     pub fn from_args(args: &DatabaseArgs, env: Env) -> Result<Self> {
-        let config =
-            urls::database_config(args.database_url.as_deref(), env).map_err(exit::config)?;
+        let config = database_config(args.database_url.as_deref(), env).map_err(exit::config)?;
         let table = TableName::parse(&args.table)
             .map_err(|why| exit::config(anyhow!("invalid table name {:?}: {why}", args.table)))?;
         Ok(Database {
@@ -64,18 +64,18 @@ impl Database {
         })
     }
 
-    /// How long the server lets a transaction of ours sit idle before it
-    /// ends it and frees its rows (see `db::connect`): the subcommands never
-    /// wait on anything but PostgreSQL itself.
-    pub fn idle_limit(&self) -> Duration {
+    /// How long the server lets a subcommand's transaction sit idle before
+    /// it ends it and frees its rows (see `connect::database::connect`):
+    /// the subcommands never wait on anything but PostgreSQL itself.
+    pub fn command_idle_limit(&self) -> Duration {
         IDLE_MARGIN + self.connect_timeout
     }
 }
 
-impl Poll {
+impl Relay {
     pub fn from_cli(cli: &Cli, database: &Database) -> Result<Self> {
         let args: &PollArgs = &cli.poll;
-        let uri = urls::amqp_uri(&args.amqp_url).map_err(exit::config)?;
+        let uri = amqp_uri(&args.amqp_url).map_err(exit::config)?;
         if args.exchange.len() > MAX_EXCHANGE_BYTES {
             return Err(exit::config(anyhow!(
                 "the exchange name is longer than AMQP's {MAX_EXCHANGE_BYTES} bytes"
@@ -83,7 +83,7 @@ impl Poll {
         }
         // A dry run claims one batch and rolls it back: nothing to drain.
         let drain = args.drain && !args.dry_run;
-        Ok(Poll {
+        Ok(Relay {
             broker: BrokerConfig {
                 uri,
                 exchange: args.exchange.clone(),
@@ -112,9 +112,9 @@ impl Poll {
     /// marks and commits the batch ahead and claims the next one (a
     /// statement's time each). The confirms of the batches ahead of this
     /// one are due before its own.
-    pub fn idle_limit(&self) -> Duration {
+    pub fn batch_idle_limit(&self) -> Duration {
         let broker = &self.broker;
-        idle_limit(
+        batch_idle_limit_of(
             broker.connect_timeout,
             broker.confirm_timeout,
             self.in_flight,
@@ -122,11 +122,11 @@ impl Poll {
     }
 }
 
-/// Poll::idle_limit, from --connect-timeout, --confirm-timeout and the
-/// batches in flight.
-fn idle_limit(connect: Duration, confirm: Duration, in_flight: usize) -> Duration {
+/// Relay::batch_idle_limit, from --connect-timeout, --confirm-timeout and
+/// the batches in flight.
+fn batch_idle_limit_of(connect: Duration, confirm: Duration, in_flight: usize) -> Duration {
     let others = u32::try_from(in_flight - 1).unwrap_or(u32::MAX);
-    let other = 2 * connect + 2 * db::STATEMENT_TIMEOUT;
+    let other = 2 * connect + 2 * STATEMENT_TIMEOUT;
     IDLE_MARGIN + 2 * connect + confirm + other * others
 }
 
@@ -135,7 +135,7 @@ fn idle_limit(connect: Duration, confirm: Duration, in_flight: usize) -> Duratio
 /// that the broker works on one while PostgreSQL marks and commits the
 /// other. A single run has nothing to overlap, and --ordered may not: a
 /// batch would be sent before the failures of the one before it were known.
-fn in_flight(batch_size: u32, drain: bool, ordered: bool) -> usize {
+pub fn in_flight(batch_size: u32, drain: bool, ordered: bool) -> usize {
     if !drain || ordered {
         return 1;
     }
@@ -145,13 +145,14 @@ fn in_flight(batch_size: u32, drain: bool, ordered: bool) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{Duration, idle_limit, in_flight};
+    use super::{Duration, batch_idle_limit_of, in_flight};
 
     #[test]
     fn the_idle_limit_grows_with_the_batches_in_flight() {
         // The defaults: --connect-timeout 10s, --confirm-timeout 30s.
         let secs = |in_flight| {
-            idle_limit(Duration::from_secs(10), Duration::from_secs(30), in_flight).as_secs()
+            batch_idle_limit_of(Duration::from_secs(10), Duration::from_secs(30), in_flight)
+                .as_secs()
         };
         assert_eq!((secs(1), secs(2), secs(4)), (80, 160, 320));
     }

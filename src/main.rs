@@ -1,59 +1,42 @@
 //! outbox-poll: relay one batch of a PostgreSQL transactional outbox to
-//! RabbitMQ, then exit with a code cron and CI can act on.
-
-mod batch;
-mod cli;
-mod config;
-mod db;
-mod drain;
-mod exit;
-mod generate;
-mod logging;
-mod metrics;
-mod migrate;
-mod outbox;
-mod poll;
-mod progress;
-mod prune;
-mod publisher;
-mod requeue;
-mod round;
-mod status;
-mod stop;
-mod table;
-mod urls;
-mod watchdog;
+//! RabbitMQ, then exit with a code cron and CI can act on. The work is in
+//! the library (src/lib.rs names its parts); this is its table of contents.
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
 
-use crate::cli::{Cli, Command};
-use crate::config::{Database, Poll};
+use outbox_poll::cli::{Cli, Command};
+use outbox_poll::commands::{generate, migrate, prune, requeue, status};
+use outbox_poll::config::{Database, Relay};
+use outbox_poll::connect::libpq::process_env;
+use outbox_poll::exit::Exit;
+use outbox_poll::{relay, report};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::init(cli.verbose);
+    report::logging::init(cli.verbose);
+    report::panic::one_line();
     match run(&cli) {
-        Ok(code) => ExitCode::from(code),
+        Ok(exit) => exit.into(),
         Err(error) => {
             // One line, `{:#}`: never Debug output, so never a backtrace.
             eprintln!("outbox-poll: error: {error:#}");
-            ExitCode::from(exit::code_of(&error))
+            Exit::of(&error).into()
         }
     }
 }
 
-fn run(cli: &Cli) -> Result<u8> {
-    let database = Database::from_args(&cli.database, &urls::process_env);
+fn run(cli: &Cli) -> Result<Exit> {
+    let database = Database::from_args(&cli.database, &process_env);
     match &cli.command {
         None => {
             let settings = database.and_then(|database| {
-                let poll = Poll::from_cli(cli, &database)?;
-                Ok((database, poll))
+                let relay = Relay::from_cli(cli, &database)?;
+                Ok((database, relay))
             });
-            poll::run(cli.json, settings)
+            relay::run(cli.json, settings)
         }
         Some(Command::Migrate) => migrate::run(&database?),
         Some(Command::Status(args)) => status::run(&database?, cli.json, args),

@@ -2,12 +2,10 @@
 //! confirmed events are marked, nacked and returned ones count an attempt
 //! and back off, dead ones are never claimed, concurrent runs never share.
 
-mod common;
-
 use std::collections::HashSet;
 use std::process::Stdio;
 
-use common::Fixture;
+use crate::common::Fixture;
 use lapin::types::{AMQPValue, FieldTable};
 
 #[test]

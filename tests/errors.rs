@@ -1,36 +1,9 @@
 //! Bad input and missing pieces: one clear line on stderr, the documented
 //! exit code, no panic or backtrace, never a password, nothing marked.
 
-mod common;
-
 use std::net::TcpListener;
 
-use common::{Fixture, Run};
-
-/// The shape every error must have: one line, no panic, no backtrace.
-fn assert_one_clear_line(run: &Run) {
-    let lines: Vec<&str> = run.stderr.lines().collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "expected one line on stderr, got: {}",
-        run.stderr
-    );
-    assert!(
-        lines[0].starts_with("outbox-poll: error: "),
-        "{}",
-        run.stderr
-    );
-    for bad in [
-        "panicked",
-        "backtrace",
-        "RUST_BACKTRACE",
-        "Error {",
-        "Some(",
-    ] {
-        assert!(!run.stderr.contains(bad), "{bad:?} in: {}", run.stderr);
-    }
-}
+use crate::common::{Fixture, Run, assert_one_clear_line};
 
 fn assert_no_secret(run: &Run, secret: &str) {
     assert!(
@@ -165,7 +138,7 @@ fn amqp_url_that_does_not_parse_exits_78_without_its_password() {
 fn wrong_broker_password_exits_78() {
     let mut fx = Fixture::new("bad_broker_login");
     fx.insert("e", 1);
-    let port = common::amqp_addr().port();
+    let port = crate::common::amqp_addr().port();
     let run = fx.run(&[
         "--amqp-url",
         &format!("amqp://guest:wrong-s3cr3t@127.0.0.1:{port}/%2f"),

@@ -5,16 +5,14 @@
 //! fault makes it unavoidable (the broker had the message, we never learnt
 //! it did, or we could not record that it did).
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::proxy::{Direction, Proxy};
-use common::{
+use crate::common::proxy::{Direction, Proxy};
+use crate::common::{
     Amqp, Fixture, Row, amqp_addr, amqp_url_via, database_addr, database_url_via, row, wait_until,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -169,6 +167,16 @@ fn drain_directly(fx: &mut Fixture, limit: Duration) -> bool {
     })
 }
 
+/// A clean drain after the fault delivers every event (a duplicate is
+/// allowed here, a loss never); the ledger holds what the queue got.
+fn rerun_delivers_everything(fx: &mut Fixture) -> Ledger {
+    assert!(drain_directly(fx, NO_HANG), "the rerun did not deliver");
+    let mut ledger = Ledger::default();
+    ledger.collect(fx);
+    assert_eq!(ledger.lost(&fx.rows()), Vec::<String>::new(), "lost events");
+    ledger
+}
+
 /// Rows the fault left unpublished must be exactly as they were inserted:
 /// an outage is not the events' fault.
 fn assert_untouched(rows: &[Row]) {
@@ -269,6 +277,23 @@ fn broker_cut_with_batches_in_flight_marks_only_confirmed_events_and_a_rerun_del
     assert!(done.took < NO_HANG, "took {:?}", done.took);
     assert!(done.field("batches") >= 2, "{}", done.stdout);
     assert_broker_fault_lost_nothing(&mut fx, &done);
+}
+
+#[test]
+fn broker_cut_in_the_middle_of_a_publish_frame_counts_no_attempt_and_a_rerun_delivers_everything() {
+    let mut fx = Fixture::new("broker_cut_frame");
+    fx.insert("e", 400);
+    let broker = Proxy::start(amqp_addr());
+    // Past the handshake and the first publishes, inside a message's frames.
+    broker.cut_after(Direction::Upstream, STALL_AT + 77);
+    let env = env_via(Some(&broker), None);
+    let done = run(&fx, &env, &["--batch-size", "400", "--json"]);
+    assert_outage(&done);
+    assert!(done.took < NO_HANG, "took {:?}", done.took);
+    assert_eq!(done.field("failed"), 0, "{}", done.stdout);
+    assert_untouched(&fx.rows());
+
+    rerun_delivers_everything(&mut fx);
 }
 
 /// Exit 69 soon after --confirm-timeout (well before NO_HANG), saying so,
@@ -431,13 +456,7 @@ fn postgres_cut_during_the_claim_exits_69_and_cannot_duplicate() {
     assert_untouched(&fx.rows());
     assert!(fx.messages().is_empty());
 
-    assert!(
-        drain_directly(&mut fx, NO_HANG),
-        "the rerun did not deliver"
-    );
-    let mut ledger = Ledger::default();
-    ledger.collect(&fx);
-    assert_eq!(ledger.lost(&fx.rows()), Vec::<String>::new(), "lost events");
+    let ledger = rerun_delivers_everything(&mut fx);
     assert_eq!(ledger.duplicated(), Vec::<String>::new());
 }
 

@@ -1,12 +1,13 @@
 //! What is generated from the clap definition: --version with the commit,
 //! shell completions and the manual page. No server is needed.
 
-mod common;
-
 use std::process::Command;
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(common::BIN).args(args).output().unwrap();
+    let output = Command::new(crate::common::BIN)
+        .args(args)
+        .output()
+        .unwrap();
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8(output.stdout).unwrap(),

@@ -1,11 +1,9 @@
 //! --metrics-file: Prometheus gauges after a poll run, written atomically.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use common::Fixture;
+use crate::common::Fixture;
 
 /// A directory of the test's own, removed at the end.
 struct Dir(PathBuf);

@@ -1,11 +1,9 @@
 //! `outbox-poll migrate`: creates the table, is idempotent, and upgrades a
 //! table of the reference article's shape in place.
 
-mod common;
-
 use std::process::Stdio;
 
-use common::Fixture;
+use crate::common::Fixture;
 
 fn columns(fx: &mut Fixture) -> Vec<(String, String, bool)> {
     fx.db

@@ -1,9 +1,7 @@
 //! The operators' commands against the real database: status, requeue,
 //! prune and poll's --dry-run, with exact figures and exit codes.
 
-mod common;
-
-use common::Fixture;
+use crate::common::Fixture;
 use serde_json::json;
 
 /// Ten events in known states (ids e-1 .. e-10):
@@ -401,7 +399,7 @@ fn prune_never_deletes_a_dead_event_requeued_while_it_runs() {
     let mut fx = Fixture::new("prune_requeue_race");
     aged_rows(&mut fx);
     // A requeue of e-11, not yet committed when prune starts.
-    let mut other = common::connect_db();
+    let mut other = crate::common::connect_db();
     let mut requeue = other.transaction().unwrap();
     let sql = format!(
         "UPDATE {} SET attempts = 0 WHERE event_id = 'e-11'",

@@ -2,15 +2,13 @@
 //! that stops at its first failure, so no consumer ever sees an event
 //! before one that precedes it.
 
-mod common;
-
 use std::collections::HashSet;
 use std::process::Stdio;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::proxy::Proxy;
-use common::{Fixture, Row, amqp_addr, amqp_url_via, connect_db, row};
+use crate::common::proxy::Proxy;
+use crate::common::{Fixture, Row, amqp_addr, amqp_url_via, connect_db, row};
 
 fn ids(fx: &Fixture) -> Vec<String> {
     fx.messages().into_iter().map(|m| m.message_id).collect()
@@ -195,11 +193,11 @@ fn ordered_broker_cut_leaves_a_published_prefix_and_the_rerun_continues_in_order
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(common::wait_until(Duration::from_secs(15), || {
+    assert!(crate::common::wait_until(Duration::from_secs(15), || {
         broker.upstream_bytes() >= 20_000
     }));
     // What got through is queued, and its confirms are on their way back.
-    assert!(common::wait_until(Duration::from_secs(15), || {
+    assert!(crate::common::wait_until(Duration::from_secs(15), || {
         fx.amqp.queue_length(&fx.queue) > 0
     }));
     sleep(Duration::from_millis(500));

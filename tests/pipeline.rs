@@ -3,12 +3,12 @@
 //! be what they were when events went one at a time. A drain with a
 //! backlog keeps several batches in flight, each on a session of its own.
 
-mod common;
-
 use std::time::Duration;
 
-use common::proxy::Proxy;
-use common::{Fixture, amqp_addr, amqp_url_via, database_addr, database_url_via, wait_until};
+use crate::common::proxy::Proxy;
+use crate::common::{
+    Fixture, amqp_addr, amqp_url_via, database_addr, database_url_via, wait_until,
+};
 
 #[test]
 fn a_batch_larger_than_the_publish_window_arrives_once_in_id_order() {

@@ -1,13 +1,11 @@
 //! The default run: claim one batch, publish, mark, commit.
 
-mod common;
-
 use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::proxy::Proxy;
-use common::{Fixture, Run, amqp_addr, amqp_url_via};
+use crate::common::proxy::Proxy;
+use crate::common::{Fixture, Run, amqp_addr, amqp_url_via};
 
 #[test]
 fn one_run_publishes_exactly_one_batch_in_id_order() {
@@ -265,7 +263,7 @@ fn flag_wins_over_its_environment_variable() {
 fn pg_variables_stand_in_for_a_missing_database_url() {
     let mut fx = Fixture::new("pg_vars");
     fx.insert("e", 2);
-    let config: postgres::Config = common::database_url().parse().unwrap();
+    let config: postgres::Config = crate::common::database_url().parse().unwrap();
     let port = config.get_ports()[0].to_string();
     let mut command = fx.command();
     command

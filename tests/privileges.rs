@@ -2,9 +2,7 @@
 //! do their jobs and nothing more. Roles are cluster-wide, so each test
 //! creates its own (named after the process and the test) and drops it.
 
-mod common;
-
-use common::{Fixture, connect_db};
+use crate::common::{Fixture, connect_db};
 
 const EXAMPLE: &str = include_str!("../migrations/example_least_privilege_role.sql");
 
@@ -32,7 +30,7 @@ impl Roles {
     }
 
     fn url(role: &str) -> String {
-        let config: postgres::Config = common::database_url().parse().unwrap();
+        let config: postgres::Config = crate::common::database_url().parse().unwrap();
         let dbname = config.get_dbname().unwrap_or("test");
         let port = config.get_ports()[0];
         format!("postgresql://{role}@127.0.0.1:{port}/{dbname}")

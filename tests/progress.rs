@@ -1,17 +1,15 @@
 //! The progress bar of a --drain: drawn on a terminal once the drain has
 //! run longer than a second, never when stderr is a pipe (cron, CI).
 
-mod common;
-
 use std::process::Command;
 
-use common::{Fixture, Run};
+use crate::common::{Fixture, Run};
 
 /// Runs the binary with stdout and stderr on a pseudo-terminal, through
 /// util-linux's `script`; None when `script` is not installed.
 fn run_on_a_terminal(fx: &Fixture, args: &[&str]) -> Option<(i32, String)> {
     let inner = fx.command();
-    let mut line = common::BIN.to_string();
+    let mut line = crate::common::BIN.to_string();
     for arg in args {
         line.push(' ');
         line.push_str(arg);

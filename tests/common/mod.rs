@@ -5,8 +5,6 @@
 //! TEST_DATABASE_URL and TEST_AMQP_URL point elsewhere than the defaults,
 //! which are the local servers tests/setup.sh starts.
 
-#![allow(dead_code)] // each test binary uses a different part of this
-
 pub mod proxy;
 
 use std::collections::HashMap;
@@ -106,7 +104,6 @@ pub struct Message {
 /// One outbox row, as the tests check it.
 #[derive(Debug, Clone)]
 pub struct Row {
-    pub id: i64,
     pub event_id: String,
     pub published: bool,
     pub attempts: i32,
@@ -152,6 +149,31 @@ impl Run {
         self.summary()[name]
             .as_i64()
             .unwrap_or_else(|| panic!("no {name} in {}", self.stdout))
+    }
+}
+
+/// The shape every error must have: one line, no panic, no backtrace.
+pub fn assert_one_clear_line(run: &Run) {
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one line on stderr, got: {}",
+        run.stderr
+    );
+    assert!(
+        lines[0].starts_with("outbox-poll: error: "),
+        "{}",
+        run.stderr
+    );
+    for bad in [
+        "panicked",
+        "backtrace",
+        "RUST_BACKTRACE",
+        "Error {",
+        "Some(",
+    ] {
+        assert!(!run.stderr.contains(bad), "{bad:?} in: {}", run.stderr);
     }
 }
 
@@ -274,7 +296,7 @@ impl Fixture {
         self.db
             .query(
                 &format!(
-                    "SELECT id, event_id, published_at IS NOT NULL, attempts, last_error, \
+                    "SELECT event_id, published_at IS NOT NULL, attempts, last_error, \
                      extract(epoch FROM available_at - now())::float8 FROM {} ORDER BY id",
                     self.quoted_table()
                 ),
@@ -283,12 +305,11 @@ impl Fixture {
             .unwrap()
             .iter()
             .map(|row| Row {
-                id: row.get(0),
-                event_id: row.get(1),
-                published: row.get(2),
-                attempts: row.get(3),
-                last_error: row.get(4),
-                due_in_s: row.get(5),
+                event_id: row.get(0),
+                published: row.get(1),
+                attempts: row.get(2),
+                last_error: row.get(3),
+                due_in_s: row.get(4),
             })
             .collect()
     }

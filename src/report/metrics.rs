@@ -21,17 +21,17 @@ use anyhow::{Context, Result};
 
 use postgres::Client;
 
-use crate::batch::Totals;
-use crate::config::{Database, Poll};
-use crate::exit;
-use crate::status::{self, Figures};
+use crate::config::{Database, Relay};
+use crate::exit::{self, Exit};
+use crate::report::totals::Totals;
+use crate::sql::figures::{self, Figures};
 
 /// The backlog for the metrics file, read on the run's own connection
 /// (no second connect): `None` when no file is wanted or it cannot be read,
 /// for instance after the connection was lost.
-pub fn backlog(client: &mut Client, database: &Database, poll: &Poll) -> Option<Figures> {
-    poll.metrics_file.as_ref()?;
-    match status::figures(client, &database.table, database.max_attempts) {
+pub fn backlog(client: &mut Client, database: &Database, relay: &Relay) -> Option<Figures> {
+    relay.metrics_file.as_ref()?;
+    match figures::of_table(client, &database.table, database.max_attempts) {
         Ok(figures) => Some(figures),
         Err(error) => {
             log::warn!("metrics without the backlog: {error:#}");
@@ -44,19 +44,16 @@ pub fn backlog(client: &mut Client, database: &Database, poll: &Poll) -> Option<
 /// run's result, or a configuration error if the file could not be written.
 pub fn after_run(
     database: &Database,
-    poll: &Poll,
+    relay: &Relay,
     totals: &Totals,
     backlog: Option<Figures>,
     started: Instant,
-    result: Result<u8>,
-) -> Result<u8> {
-    let Some(path) = &poll.metrics_file else {
+    result: Result<Exit>,
+) -> Result<Exit> {
+    let Some(path) = &relay.metrics_file else {
         return result;
     };
-    let code = match &result {
-        Ok(code) => *code,
-        Err(error) => exit::code_of(error),
-    };
+    let code = Exit::of_result(&result).code();
     let ended = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -73,7 +70,7 @@ pub fn after_run(
     );
     match (write_atomically(path, &text), result) {
         (Ok(()), result) => result,
-        (Err(error), Ok(exit::SUCCESS)) => Err(exit::config(error)),
+        (Err(error), Ok(Exit::Success)) => Err(exit::config(error)),
         (Err(error), result) => {
             eprintln!("outbox-poll: warning: {error:#}");
             result
@@ -93,78 +90,94 @@ pub struct Run {
 pub fn render(table: &str, run: &Run, backlog: Option<&Figures>) -> String {
     let label = format!("{{table=\"{}\"}}", escape_label(table));
     let mut text = String::new();
-    let mut gauge = |name: &str, help: &str, value: String| {
+    let gauges = run_gauges(run)
+        .into_iter()
+        .chain(backlog.map(backlog_gauges).into_iter().flatten());
+    for (name, help, value) in gauges {
         let _ = write!(
             text,
             "# HELP outbox_poll_{name} {help}\n\
              # TYPE outbox_poll_{name} gauge\n\
              outbox_poll_{name}{label} {value}\n"
         );
-    };
+    }
+    text
+}
+
+/// A gauge: its name after `outbox_poll_`, its help text and its value.
+type Gauge = (&'static str, &'static str, String);
+
+/// What the run did.
+fn run_gauges(run: &Run) -> [Gauge; 7] {
     let totals = &run.totals;
-    gauge(
-        "last_run_timestamp_seconds",
-        "When the last run ended, in seconds since the epoch.",
-        format!("{:.3}", run.ended),
-    );
-    gauge(
-        "last_run_exit_code",
-        "Exit code of the last run (0 done, 1 some events failed, 69 outage, 78 configuration).",
-        run.code.to_string(),
-    );
-    gauge(
-        "last_run_duration_seconds",
-        "How long the last run took.",
-        format!("{:.3}", run.duration_s),
-    );
-    gauge(
-        "last_run_batches",
-        "Batches the last run committed.",
-        totals.batches.to_string(),
-    );
-    gauge(
-        "last_run_claimed",
-        "Events the last run claimed.",
-        totals.claimed.to_string(),
-    );
-    gauge(
-        "last_run_published",
-        "Events the last run published (confirmed by the broker).",
-        totals.published.to_string(),
-    );
-    gauge(
-        "last_run_failed",
-        "Events the broker nacked or returned in the last run.",
-        totals.failed.to_string(),
-    );
-    if let Some(figures) = backlog {
-        gauge(
+    [
+        (
+            "last_run_timestamp_seconds",
+            "When the last run ended, in seconds since the epoch.",
+            format!("{:.3}", run.ended),
+        ),
+        (
+            "last_run_exit_code",
+            "Exit code of the last run (0 done, 1 some events failed, 69 outage, 78 configuration).",
+            run.code.to_string(),
+        ),
+        (
+            "last_run_duration_seconds",
+            "How long the last run took.",
+            format!("{:.3}", run.duration_s),
+        ),
+        (
+            "last_run_batches",
+            "Batches the last run committed.",
+            totals.batches.to_string(),
+        ),
+        (
+            "last_run_claimed",
+            "Events the last run claimed.",
+            totals.claimed.to_string(),
+        ),
+        (
+            "last_run_published",
+            "Events the last run published (confirmed by the broker).",
+            totals.published.to_string(),
+        ),
+        (
+            "last_run_failed",
+            "Events the broker nacked or returned in the last run.",
+            totals.failed.to_string(),
+        ),
+    ]
+}
+
+/// The backlog the run left, as `status` counts it.
+fn backlog_gauges(figures: &Figures) -> [Gauge; 5] {
+    [
+        (
             "pending",
             "Unpublished events that are not dead.",
             figures.pending.to_string(),
-        );
-        gauge(
+        ),
+        (
             "due",
             "Pending events available now.",
             figures.due.to_string(),
-        );
-        gauge(
+        ),
+        (
             "retrying",
             "Pending events with failed attempts.",
             figures.retrying.to_string(),
-        );
-        gauge(
+        ),
+        (
             "dead",
             "Unpublished events at --max-attempts: never claimed again.",
             figures.dead.to_string(),
-        );
-        gauge(
+        ),
+        (
             "oldest_pending_age_seconds",
             "Age of the oldest pending event (0 when none is pending).",
             figures.oldest_pending_age_s.unwrap_or(0).to_string(),
-        );
-    }
-    text
+        ),
+    ]
 }
 
 fn escape_label(value: &str) -> String {

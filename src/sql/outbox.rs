@@ -1,8 +1,8 @@
-//! The claim and mark queries: the only SQL a poll run sends.
+//! The claim and mark queries: the only SQL a poll run sends about events.
 //!
 //! Each runs in the batch's transaction, which the caller has opened on
-//! the client. Statements are prepared once per connection and reused by every batch of
-//! a drain. Preparing them all up front also checks the table's shape
+//! the client. Statements are prepared once per connection and reused by
+//! every batch of a drain. Preparing them all up front also checks the table's shape
 //! before anything is claimed or published: a missing column must stop the
 //! run at the start, not after the broker has the messages.
 
@@ -11,15 +11,15 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 use postgres::{Client, Statement};
 
-use crate::db::classify_on_table;
+use crate::connect::database::classify_on_table;
 use crate::exit;
-use crate::table::TableName;
+use crate::sql::table::TableName;
 
 /// Backoff after a failed attempt: `BACKOFF_BASE * 2^attempts`, capped at
 /// BACKOFF_CAP, then scaled by a random factor in [0.5, 1) ("equal jitter")
 /// so that events that failed together do not all come back together.
-/// With the default --max-attempts of 10 an event is retried for about half
-/// an hour (2 s, 4 s, ... 17 min) before it is dead.
+/// The waits are 1-2 s, 2-4 s, 4-8 s, ...: with the default --max-attempts
+/// of 10 an event is dead after 8.5 to 17 minutes of retries in all.
 pub const BACKOFF_BASE: Duration = Duration::from_secs(2);
 pub const BACKOFF_CAP: Duration = Duration::from_secs(3600);
 

@@ -18,16 +18,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::batch::Totals;
-use crate::exit;
+use crate::connect::database::STATEMENT_TIMEOUT;
+use crate::exit::Exit;
+use crate::report::totals::Totals;
 
 /// Added to every budget: the bounds it sums are the servers' and the
 /// driver's, and a command that is merely slow must not be taken for a hung
 /// one.
 pub const MARGIN: Duration = Duration::from_secs(5);
 
+/// How long `on_fire` may take before the process exits without it: it
+/// writes to stdout, and a reader that stopped reading would block it for
+/// ever (the main thread may even hold stdout's lock, stuck in a write).
+const ON_FIRE_LIMIT: Duration = Duration::from_secs(1);
+
 /// What `on_fire` is told: the figures committed before the phase began.
-type OnFire = Box<dyn Fn(&Totals) + Send>;
+type OnFire = Arc<dyn Fn(&Totals) + Send + Sync>;
 
 #[derive(Default)]
 struct Armed {
@@ -43,10 +49,10 @@ pub struct Watchdog {
 impl Watchdog {
     /// Starts the thread, disarmed. `on_fire` runs just before the exit (it
     /// prints the --json summary, which the contract wants whatever happens).
-    pub fn start(on_fire: impl Fn(&Totals) + Send + 'static) -> Result<Self> {
+    pub fn spawn(on_fire: impl Fn(&Totals) + Send + Sync + 'static) -> Result<Self> {
         let state = Arc::new((Mutex::new(Armed::default()), Condvar::new()));
         let shared = Arc::clone(&state);
-        let on_fire: OnFire = Box::new(on_fire);
+        let on_fire: OnFire = Arc::new(on_fire);
         thread::Builder::new()
             .name("watchdog".into())
             .spawn(move || watch(&shared, &on_fire))
@@ -66,14 +72,12 @@ impl Watchdog {
             wake.notify_one();
         }
     }
-}
 
-impl Watchdog {
     /// One budget for a whole short command (status, requeue): connecting
     /// and a few statements, each bounded by the server's statement_timeout.
     pub fn for_command(connect_timeout: Duration, what: &'static str) -> Result<Self> {
-        let watchdog = Watchdog::start(|_| {})?;
-        let budget = connect_timeout + 3 * crate::db::STATEMENT_TIMEOUT + MARGIN;
+        let watchdog = Watchdog::spawn(|_| {})?;
+        let budget = connect_timeout + 3 * STATEMENT_TIMEOUT + MARGIN;
         watchdog.arm(budget, what, Totals::default());
         Ok(watchdog)
     }
@@ -106,12 +110,28 @@ fn watch(state: &(Mutex<Armed>, Condvar), on_fire: &OnFire) {
                  events the next run sends again; check the network and both servers",
                 humantime::format_duration(budget)
             );
-            on_fire(&armed.totals);
-            std::process::exit(i32::from(exit::UNAVAILABLE));
+            fire(on_fire, armed.totals);
+            std::process::exit(i32::from(Exit::Unavailable.code()));
         }
         armed = match wake.wait_timeout(armed, deadline - now) {
             Ok((armed, _)) => armed,
             Err(_) => return,
         };
+    }
+}
+
+/// Runs `on_fire` on a thread of its own and waits for it at most
+/// ON_FIRE_LIMIT: the exit must not hang on the output it reports to.
+fn fire(on_fire: &OnFire, totals: Totals) {
+    let on_fire = Arc::clone(on_fire);
+    let (done, finished) = std::sync::mpsc::channel();
+    let spawned = thread::Builder::new()
+        .name("watchdog-report".into())
+        .spawn(move || {
+            on_fire(&totals);
+            let _ = done.send(());
+        });
+    if spawned.is_ok() {
+        let _ = finished.recv_timeout(ON_FIRE_LIMIT);
     }
 }

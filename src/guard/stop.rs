@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::flag;
 
-use crate::exit;
+use crate::exit::Exit;
 
 #[derive(Clone)]
 pub struct Stop(Arc<AtomicUsize>);
@@ -20,10 +20,10 @@ impl Stop {
     pub fn install() -> Result<Self> {
         let received = Arc::new(AtomicUsize::new(0));
         let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        for (signal, code) in [(SIGINT, exit::INTERRUPTED), (SIGTERM, exit::TERMINATED)] {
+        for (signal, exit) in [(SIGINT, Exit::Interrupted), (SIGTERM, Exit::Terminated)] {
             // Registered before the flag below: on the second signal `armed`
             // is already set and this one exits the process.
-            flag::register_conditional_shutdown(signal, i32::from(code), Arc::clone(&armed))
+            flag::register_conditional_shutdown(signal, i32::from(exit.code()), Arc::clone(&armed))
                 .context("installing signal handlers")?;
             flag::register(signal, Arc::clone(&armed)).context("installing signal handlers")?;
             flag::register_usize(signal, Arc::clone(&received), signal as usize)
@@ -32,12 +32,12 @@ impl Stop {
         Ok(Stop(received))
     }
 
-    /// The exit code for the signal received, if any.
-    pub fn requested(&self) -> Option<u8> {
+    /// The exit for the signal received, if any.
+    pub fn requested(&self) -> Option<Exit> {
         match self.0.load(Ordering::SeqCst) {
             0 => None,
-            signal if signal == SIGINT as usize => Some(exit::INTERRUPTED),
-            _ => Some(exit::TERMINATED),
+            signal if signal == SIGINT as usize => Some(Exit::Interrupted),
+            _ => Some(Exit::Terminated),
         }
     }
 }

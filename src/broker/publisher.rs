@@ -1,6 +1,6 @@
-//! The RabbitMQ side: one connection, a confirm-mode channel for each batch
-//! in flight, and the publishing of a batch with every outcome attributed
-//! to its event (the rounds of publishes and confirms themselves are in
+//! The connection to RabbitMQ, a confirm-mode channel for each batch in
+//! flight, and the publishing of a batch with every outcome attributed to
+//! its event (the rounds of publishes and confirms themselves are in
 //! `round.rs`).
 //!
 //! lapin is async only; this module owns a small runtime and hides it, so
@@ -17,11 +17,11 @@ use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::runtime::Runtime;
 use tokio::time::{Instant, timeout, timeout_at};
 
+use crate::broker::round::{Issued, await_round, issue_round, publish_round};
 use crate::cli::ExchangeKind;
-use crate::exit;
-use crate::outbox::Event;
-use crate::round::{Issued, await_round, issue_round, publish_round};
-use crate::urls::describe_broker;
+use crate::connect::amqp_url::describe_broker;
+use crate::exit::{self, classify};
+use crate::sql::outbox::Event;
 
 /// Closing politely is a courtesy to the broker's logs, not a correctness
 /// matter: everything is committed by then. Never let it delay the exit.
@@ -62,7 +62,7 @@ pub struct Publisher {
 
 /// A batch handed to the broker, its confirms not yet awaited.
 pub enum Sent {
-    /// The first round is on the wire; `finish` awaits it (and whatever
+    /// The first round is on the wire; `outcome` awaits it (and whatever
     /// rounds a channel close makes necessary).
     Pipelined {
         channel: Channel,
@@ -70,7 +70,7 @@ pub enum Sent {
         deadline: Instant,
     },
     /// --ordered sends nothing ahead: every event waits for the confirm of
-    /// the one before it, so all of its publishing happens in `finish`.
+    /// the one before it, so all of its publishing happens in `outcome`.
     Ordered,
 }
 
@@ -120,7 +120,7 @@ impl Publisher {
 
     /// Hands a batch to the broker: issues every publish and returns
     /// without awaiting a confirm. --confirm-timeout counts from here.
-    pub fn start(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
+    pub fn send(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
         if ordered {
             return Ok(Sent::Ordered);
         }
@@ -139,15 +139,15 @@ impl Publisher {
         })
     }
 
-    /// Awaits the confirms of a batch `start` sent (`events` as given to
+    /// Awaits the confirms of a batch `send` sent (`events` as given to
     /// it) and says what became of each event.
-    pub fn finish(&mut self, sent: Sent, events: &[Event]) -> Outcome {
+    pub fn outcome(&mut self, sent: Sent, events: &[Event]) -> Outcome {
         match sent {
             Sent::Pipelined {
                 channel,
                 first,
                 deadline,
-            } => self.settle(channel, *first, events, deadline),
+            } => self.resolve_rounds(channel, *first, events, deadline),
             Sent::Ordered => self.publish_in_order(events),
         }
     }
@@ -161,7 +161,7 @@ impl Publisher {
     /// event is published alone on a fresh channel: if it closes the channel
     /// again it is the culprit and fails; otherwise the rest go out pipelined
     /// again. Each round settles at least one event, so this ends.
-    fn settle(
+    fn resolve_rounds(
         &mut self,
         mut channel: Channel,
         first: Issued,
@@ -395,7 +395,7 @@ async fn check_exchange(channel: &Channel, config: &BrokerConfig, broker: &str) 
         .exchange_declare(exchange.into(), lapin_kind, options, FieldTable::default())
         .await
         .map_err(|error| {
-            if !error.is_amqp_soft_error() {
+            if refusal(&error) != Some(classify::Cause::Config) {
                 return exit::outage(anyhow!(
                     "checking exchange {exchange:?} on RabbitMQ at {broker}: {error}"
                 ));
@@ -417,16 +417,8 @@ async fn check_exchange(channel: &Channel, config: &BrokerConfig, broker: &str) 
 /// A refused login or a missing vhost needs the operator; anything else
 /// (refused TCP, reset, DNS, a broker shutting down) is an outage.
 fn connect_error(error: &lapin::Error, broker: &str) -> anyhow::Error {
-    use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
-    let refused = match error.kind() {
-        lapin::ErrorKind::ProtocolError(amqp) => matches!(
-            amqp.kind(),
-            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
-                | AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED)
-        ),
-        lapin::ErrorKind::AuthProviderError(_) => true,
-        _ => false,
-    };
+    let refused = matches!(error.kind(), lapin::ErrorKind::AuthProviderError(_))
+        || refusal(error) == Some(classify::Cause::Config);
     if refused {
         exit::config(anyhow!(
             "cannot connect to RabbitMQ at {broker}: {error}; check the user, password and vhost in AMQP_URL"
@@ -435,5 +427,15 @@ fn connect_error(error: &lapin::Error, broker: &str) -> anyhow::Error {
         exit::outage(anyhow!(
             "cannot connect to RabbitMQ at {broker}: {error}; check that the broker is up and AMQP_URL is right"
         ))
+    }
+}
+
+/// What the broker's refusal says, by its reply code (see exit::classify);
+/// None when the error is not the broker's word at all (a socket, a
+/// timeout).
+fn refusal(error: &lapin::Error) -> Option<classify::Cause> {
+    match error.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => Some(classify::amqp(amqp.get_id())),
+        _ => None,
     }
 }

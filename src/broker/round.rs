@@ -1,19 +1,21 @@
 //! One pipelined round: every publish of a list of events sent before any
 //! confirm is awaited, then every confirm awaited and matched to its event.
 //! The two halves are apart so that a drain can claim its next batch while
-//! this one's confirms are on their way. `Publisher` runs rounds and decides
-//! what a failed one means.
+//! this one's confirms are on their way. `Publisher` runs rounds and
+//! decides what a failed one means.
 
 use std::collections::HashSet;
 use std::task::Poll;
 
 use anyhow::anyhow;
+use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
 use lapin::types::ShortString;
-use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+use lapin::{Channel, Confirmation, PublisherConfirm};
 use tokio::time::{Instant, timeout_at};
 
-use crate::outbox::Event;
+use crate::broker::message::{properties, short_strings};
+use crate::sql::outbox::Event;
 
 /// The result of one pipelined round.
 #[derive(Default)]
@@ -225,6 +227,12 @@ async fn await_confirms(
             }
         }
     }
+    fail_returned(acked, &returned, round);
+}
+
+/// Acked events the broker also returned were unroutable: failed, not
+/// published. The rest of the acked are confirmed.
+fn fail_returned(acked: Vec<&Event>, returned: &[BasicReturnMessage], round: &mut Round) {
     let returned: Vec<(String, String)> = returned
         .iter()
         .filter_map(|message| {
@@ -242,22 +250,4 @@ async fn await_confirms(
             None => round.confirmed.push(event.id),
         }
     }
-}
-
-fn short_strings(event: &Event) -> Option<(ShortString, ShortString)> {
-    let routing_key = ShortString::try_new(event.event_type.as_str()).ok()?;
-    let message_id = ShortString::try_new(event.event_id.as_str()).ok()?;
-    Some((routing_key, message_id))
-}
-
-/// The message properties CONTRACT.md fixes.
-/// `kind` is the event type, already checked to fit a short string.
-fn properties(event: &Event, kind: ShortString, message_id: ShortString) -> BasicProperties {
-    BasicProperties::default()
-        .with_message_id(message_id)
-        .with_type(kind)
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2)
-        .with_timestamp(event.created_at.max(0) as u64)
-        .with_app_id("outbox-poll".into())
 }

@@ -10,9 +10,9 @@ use anyhow::{Context, Result, anyhow};
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 
-use crate::exit;
-use crate::table::TableName;
-use crate::urls::describe_database;
+use crate::connect::libpq::describe_database;
+use crate::exit::{self, classify};
+use crate::sql::table::TableName;
 
 /// How long one statement may run. The claim and the marks touch at most one
 /// batch of rows by primary key, so anything slower is a sick server, and
@@ -137,18 +137,12 @@ pub fn classify_on_table(error: &postgres::Error, what: &str, table: &TableName)
     classify(error, &format!("{what} on table {table}"), &advice)
 }
 
-/// Errors a rerun cannot fix: SQL the server rejects (class 42: missing
-/// table, column, privilege), a bad login (28), a missing database or
-/// schema. Everything else — I/O, a closed connection, timeouts, a server
-/// shutting down — is an outage.
+/// Errors a rerun cannot fix (see `exit::classify`); an error with no
+/// SQLSTATE (I/O, a closed connection) is an outage.
 fn is_config_problem(error: &postgres::Error) -> bool {
-    let Some(code) = error.code() else {
-        return false;
-    };
-    let class = &code.code()[..2];
-    matches!(class, "42" | "28")
-        || code == &SqlState::INVALID_CATALOG_NAME
-        || code == &SqlState::INVALID_SCHEMA_NAME
+    error
+        .code()
+        .is_some_and(|code| classify::postgres(code.code()) == classify::Cause::Config)
 }
 
 /// One line: the server's own message for database errors, else the

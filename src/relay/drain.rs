@@ -8,17 +8,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::batch::{self, Broker, Ended, InFlight, Session, Started, Totals};
-use crate::config::{Database, Poll};
-use crate::db;
-use crate::progress::Progress;
-use crate::stop::Stop;
-use crate::watchdog::{self, Watchdog};
+use crate::broker::Broker;
+use crate::config::{Database, Relay};
+use crate::connect::database::STATEMENT_TIMEOUT;
+use crate::guard::stop::Stop;
+use crate::guard::watchdog::{self, Watchdog};
+use crate::relay::batch::{self, Ended, InFlight, Opened};
+use crate::relay::session::Session;
+use crate::report::progress::Progress;
+use crate::report::totals::Totals;
 
 /// What every batch of a run shares.
 pub struct Drain<'a> {
     pub database: &'a Database,
-    pub poll: &'a Poll,
+    pub relay: &'a Relay,
     pub watchdog: &'a Watchdog,
     pub stop: &'a Stop,
     pub broker: &'a mut Broker,
@@ -81,7 +84,7 @@ impl Claims {
         if from.is_none() {
             self.head_at = Instant::now();
         }
-        self.backlog = batch.len() as i64 == batch_size;
+        self.backlog = batch.claimed() as i64 == batch_size;
         self.from = match self.backlog {
             true => batch.last_id().checked_add(1),
             false => None,
@@ -98,75 +101,79 @@ impl Drain<'_> {
     /// its own commit: SKIP LOCKED keeps batches in flight apart exactly as
     /// it keeps concurrent runs apart. Each has its own channel, so no return
     /// or channel close can be blamed on another batch's events. Batches are
-    /// finished in the order they were sent, so a batch's confirm deadline
+    /// settled in the order they were sent, so a batch's confirm deadline
     /// has always passed or been met before the next one's.
     pub fn run(&mut self, sessions: &mut Vec<Session>) -> Result<()> {
         let mut sessions = Sessions {
             all: sessions,
             idle: vec![0],
-            limit: self.poll.in_flight,
+            limit: self.relay.in_flight,
         };
         let mut flight = Flight::new();
         let mut claims = Claims::new();
         let mut claiming = true;
         loop {
-            while claiming && self.may_start(flight.len()) {
+            while claiming && self.may_open(flight.len()) {
                 let Some(index) = self.free_session(&mut sessions, claims.backlog) else {
                     break;
                 };
                 // Opening a session takes time: --max-duration may have passed.
-                if !self.may_start(flight.len()) {
+                if !self.may_open(flight.len()) {
                     sessions.idle.push(index);
                     break;
                 }
                 self.arm_for_batches();
-                match self.start(&mut sessions.all[index], &mut claims) {
+                match self.open_next(&mut sessions.all[index], &mut claims) {
                     Ok(Some(batch)) => flight.push_back((index, batch)),
                     Ok(None) => {
                         sessions.idle.push(index);
                         claiming = false;
                     }
-                    Err(error) => return self.land(sessions.all, flight, error),
+                    Err(error) => return self.settle_after_failure(sessions.all, flight, error),
                 }
             }
             let Some((index, batch)) = flight.pop_front() else {
                 return Ok(());
             };
             self.arm_for_batches();
-            let finished = batch::finish(&mut sessions.all[index], batch, self.broker, self.totals);
+            let settled = batch::settle(&mut sessions.all[index], batch, self.broker, self.totals);
             self.progress.update(self.totals);
-            if let Err(error) = finished {
-                return self.land(sessions.all, flight, error);
+            if let Err(error) = settled {
+                return self.settle_after_failure(sessions.all, flight, error);
             }
             sessions.idle.push(index);
         }
     }
 
-    /// Starts a batch where the claims stand, and sends it. Returns None
-    /// when the drain has nothing more to start.
-    fn start(&mut self, session: &mut Session, claims: &mut Claims) -> Result<Option<InFlight>> {
-        let poll = self.poll;
+    /// Opens a batch where the claims stand, and sends it. Returns None
+    /// when the drain has nothing more to open.
+    fn open_next(
+        &mut self,
+        session: &mut Session,
+        claims: &mut Claims,
+    ) -> Result<Option<InFlight>> {
+        let relay = self.relay;
         // Ordered mode never passes a row: it always claims from the head.
-        let from = claims.next().filter(|_| !poll.ordered);
-        match batch::start(session, poll, self.broker, self.stop, self.totals, from)? {
-            Started::InFlight(batch) => {
-                claims.claimed(from, &batch, poll.batch_size);
+        let from = claims.next().filter(|_| !relay.ordered);
+        match batch::open(session, relay, self.broker, self.stop, self.totals, from)? {
+            Opened::InFlight(batch) => {
+                claims.claimed(from, &batch, relay.batch_size);
                 Ok(Some(batch))
             }
-            Started::Ended(Ended::Empty) if from.is_some() => {
+            Opened::Ended(Ended::Empty) if from.is_some() => {
                 claims.from = None;
-                self.start(session, claims)
+                self.open_next(session, claims)
             }
-            Started::Ended(_) => Ok(None),
+            Opened::Ended(_) => Ok(None),
         }
     }
 
-    /// After a failure, finishes the batches still in flight: they are on
+    /// After a failure, settles the batches still in flight: they are on
     /// the wire, and what the broker confirmed of them must be marked rather
     /// than sent again by the next run. The exit reports the first failure;
     /// a different later one (the batches are on different sessions) is
     /// still told, the same outage again is not.
-    fn land(
+    fn settle_after_failure(
         &mut self,
         sessions: &mut [Session],
         flight: Flight,
@@ -176,7 +183,7 @@ impl Drain<'_> {
         let mut told = first.clone();
         for (index, batch) in flight {
             self.arm_for_batches();
-            let later = batch::finish(&mut sessions[index], batch, self.broker, self.totals);
+            let later = batch::settle(&mut sessions[index], batch, self.broker, self.totals);
             self.progress.update(self.totals);
             if let Err(later) = later {
                 let later = format!("{later:#}");
@@ -200,10 +207,10 @@ impl Drain<'_> {
         if !backlog || sessions.all.len() >= sessions.limit {
             return None;
         }
-        let budget = self.database.connect_timeout + db::STATEMENT_TIMEOUT + watchdog::MARGIN;
+        let budget = self.database.connect_timeout + STATEMENT_TIMEOUT + watchdog::MARGIN;
         self.watchdog
             .arm(budget, "opening another PostgreSQL session", *self.totals);
-        match Session::open(self.database, self.poll) {
+        match Session::open(self.database, self.relay) {
             Ok(session) => {
                 sessions.all.push(session);
                 Some(sessions.all.len() - 1)
@@ -219,29 +226,29 @@ impl Drain<'_> {
         }
     }
 
-    /// Whether another batch may start, with `in_flight` batches started
-    /// and not yet finished. A run always starts its first batch; a drain
-    /// starts no new one once --max-batches or --max-duration is reached or
-    /// a signal came (those in hand finish).
-    fn may_start(&self, in_flight: usize) -> bool {
-        let poll = self.poll;
+    /// Whether another batch may open, with `in_flight` batches opened
+    /// and not yet settled. A run always opens its first batch; a drain
+    /// opens no new one once --max-batches or --max-duration is reached or
+    /// a signal came (those in hand are settled).
+    fn may_open(&self, in_flight: usize) -> bool {
+        let relay = self.relay;
         let started = self.totals.batches + in_flight as u64;
         if started == 0 {
             return true;
         }
-        poll.drain
+        relay.drain
             && self.stop.requested().is_none()
-            && poll.max_batches.is_none_or(|max| started < max)
-            && poll
+            && relay.max_batches.is_none_or(|max| started < max)
+            && relay
                 .max_duration
                 .is_none_or(|max| self.started.elapsed() < max)
     }
 
-    /// One budget covers each step: a batch's start, or its finish (whose
+    /// One budget covers each step: opening a batch, or settling it (whose
     /// confirm deadline was set when it was sent).
     fn arm_for_batches(&self) {
         self.watchdog
-            .arm(batch_budget(self.poll), "the batch", *self.totals);
+            .arm(batch_budget(self.relay), "the batch", *self.totals);
     }
 }
 
@@ -253,9 +260,9 @@ impl Drain<'_> {
 /// head; on a healthy server both claims take milliseconds, and one that
 /// takes most of a statement timeout to find nothing is what this bound is
 /// for.
-fn batch_budget(poll: &Poll) -> Duration {
-    2 * poll.broker.connect_timeout
-        + poll.broker.confirm_timeout
-        + db::STATEMENT_TIMEOUT
+fn batch_budget(relay: &Relay) -> Duration {
+    2 * relay.broker.connect_timeout
+        + relay.broker.confirm_timeout
+        + STATEMENT_TIMEOUT
         + watchdog::MARGIN
 }

@@ -1,5 +1,5 @@
-//! Where the servers are, and how to name them in a message without ever
-//! printing a password.
+//! PostgreSQL settings as libpq reads them, so that what works with `psql`
+//! works here.
 //!
 //! The postgres crate reads no environment variables, but operators expect
 //! libpq's: a cron line with `PGHOST=db1 PGDATABASE=app` must just work. So
@@ -10,8 +10,9 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow};
-use lapin::uri::AMQPUri;
 use postgres::config::Host;
+
+use crate::connect::redact::redact_url;
 
 /// Where libpq looks for the server's socket: Debian's directory, then the
 /// compiled-in default.
@@ -127,69 +128,6 @@ pub fn describe_database(config: &postgres::Config) -> String {
     format!("{host}:{port}/{dbname} as {user}")
 }
 
-/// Parses the AMQP URL; the parser's own message may echo the URL, so the
-/// text we show is rebuilt from the redacted form.
-pub fn amqp_uri(url: &str) -> Result<AMQPUri> {
-    url.parse::<AMQPUri>().map_err(|error| {
-        let error = error.replace(url, &redact_url(url));
-        anyhow!(
-            "the AMQP URL {} does not parse ({error}): use amqp://USER:PASSWORD@HOST:5672/VHOST",
-            redact_url(url)
-        )
-    })
-}
-
-/// "host:port, vhost /", for messages.
-pub fn describe_broker(uri: &AMQPUri) -> String {
-    let vhost = if uri.vhost.is_empty() {
-        "\"\""
-    } else {
-        &uri.vhost
-    };
-    format!(
-        "{}:{} (vhost {vhost})",
-        uri.authority.host, uri.authority.port
-    )
-}
-
-/// Replaces the password of a `scheme://user:password@host` URL with `***`.
-/// The password ends at the *last* `@`: an unencoded `/`, `#`, `?` or `@`
-/// in it is the usual reason a URL fails to parse, which is exactly when it
-/// is shown. Anything that is not such a URL is returned unchanged when it
-/// holds no `password`, and fully masked when it does.
-pub fn redact_url(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        let (userinfo, after) = match rest.rfind('@') {
-            Some(at) => rest.split_at(at),
-            None => ("", rest),
-        };
-        let userinfo = match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{user}:***"),
-            None => userinfo.to_string(),
-        };
-        return format!("{scheme}://{userinfo}{}", redact_query(after));
-    }
-    if url.contains("password") {
-        "(a key=value string with a password)".into()
-    } else {
-        url.to_string()
-    }
-}
-
-/// `?password=...` is also legal in a PostgreSQL URL.
-fn redact_query(path: &str) -> String {
-    match path.find("password=") {
-        Some(start) => {
-            let value_start = start + "password=".len();
-            let value_end = path[value_start..]
-                .find('&')
-                .map_or(path.len(), |end| value_start + end);
-            format!("{}***{}", &path[..value_start], &path[value_end..])
-        }
-        None => path.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,42 +199,5 @@ mod tests {
         let env = env_of(&[("PGPORT", "x"), ("PGUSER", "u")]);
         let error = database_config(None, &env).unwrap_err().to_string();
         assert!(error.contains("PGPORT"), "{error}");
-    }
-
-    #[test]
-    fn redaction_hides_userinfo_and_query_passwords() {
-        assert_eq!(
-            redact_url("amqp://guest:guest@localhost:5672/%2f"),
-            "amqp://guest:***@localhost:5672/%2f"
-        );
-        assert_eq!(
-            redact_url("postgresql://h/db?user=u&password=p&sslmode=off"),
-            "postgresql://h/db?user=u&password=***&sslmode=off"
-        );
-        assert_eq!(redact_url("amqp://localhost"), "amqp://localhost");
-        for url in [
-            "postgresql://app:pa/ss@db:54x2/x",
-            "amqp://guest:pa#ss@h/%2f",
-            "amqp://u:a?b@c@h/",
-        ] {
-            assert!(
-                !redact_url(url).contains("ss") && !redact_url(url).contains("a?b"),
-                "{url}"
-            );
-        }
-        assert!(!redact_url("host=h password=p").contains("=p"));
-    }
-
-    #[test]
-    fn bad_amqp_url_is_reported_without_its_password() {
-        let error = amqp_uri("amqp://u:hunter2@[::1").unwrap_err().to_string();
-        assert!(error.contains("does not parse"), "{error}");
-        assert!(!error.contains("hunter2"), "{error}");
-    }
-
-    #[test]
-    fn broker_is_described_by_host_port_and_vhost() {
-        let uri = amqp_uri("amqp://guest:guest@rabbit:5673/%2f").unwrap();
-        assert_eq!(describe_broker(&uri), "rabbit:5673 (vhost /)");
     }
 }

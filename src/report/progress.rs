@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use postgres::Client;
 
-use crate::batch::Totals;
-use crate::config::{Database, Poll};
+use crate::config::{Database, Relay};
+use crate::report::totals::Totals;
+use crate::sql::figures;
 
 /// A drain shorter than this shows nothing at all.
 const GRACE: Duration = Duration::from_secs(1);
@@ -28,19 +29,12 @@ struct Active {
 
 impl Progress {
     /// Counts the due backlog (one cheap query), if a bar may be drawn.
-    pub fn start(client: &mut Client, database: &Database, poll: &Poll) -> Progress {
-        if !poll.drain || !can_redraw() {
+    pub fn new(client: &mut Client, database: &Database, relay: &Relay) -> Progress {
+        if !relay.drain || !can_redraw() {
             return Progress(None);
         }
-        let sql = format!(
-            "SELECT count(*) FROM {} \
-             WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now()",
-            database.table.quoted()
-        );
-        let backlog: i64 = client
-            .query_one(&sql, &[&database.max_attempts])
-            .map(|row| row.get(0))
-            .unwrap_or(0);
+        // Only a bar's length: without it the bar grows as events come.
+        let backlog = figures::due(client, &database.table, database.max_attempts).unwrap_or(0);
         Progress(Some(Active {
             started: Instant::now(),
             backlog: backlog.max(0) as u64,
@@ -78,7 +72,7 @@ impl Progress {
     }
 
     /// When the drain ends: the final figures stay on screen.
-    pub fn finish(mut self, totals: &Totals) {
+    pub fn done(mut self, totals: &Totals) {
         self.update(totals);
         if let Some(bar) = self.0.and_then(|progress| progress.bar) {
             bar.finish();

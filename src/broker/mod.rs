@@ -1,0 +1,62 @@
+//! The RabbitMQ side of a run: one connection, opened only once a batch
+//! has something to publish, a confirm-mode channel for each batch in
+//! flight, and every outcome attributed to its event.
+//!
+//! `publisher` owns the connection and decides what a failure means;
+//! `round` is one pipelined round of publishes and confirms; `message`
+//! builds the AMQP message from a row.
+
+pub mod message;
+pub mod publisher;
+pub mod round;
+
+use anyhow::{Result, anyhow};
+
+use crate::broker::publisher::{BrokerConfig, Outcome, Publisher, Sent};
+use crate::sql::outbox::Event;
+
+/// The broker connection of a run, opened on the first batch that has
+/// something to publish and reused by the rest of a drain: a run with
+/// nothing due never connects.
+pub struct Broker {
+    config: BrokerConfig,
+    publisher: Option<Publisher>,
+}
+
+impl Broker {
+    pub fn new(config: BrokerConfig) -> Self {
+        Broker {
+            config,
+            publisher: None,
+        }
+    }
+
+    /// Hands a batch to the broker, connecting first if this is the run's
+    /// first batch. --confirm-timeout counts from here.
+    pub fn send(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
+        let publisher = match self.publisher.take() {
+            Some(publisher) => publisher,
+            None => Publisher::connect(&self.config)?,
+        };
+        self.publisher.insert(publisher).send(events, ordered)
+    }
+
+    /// What the broker said about a batch `send` handed it. A batch is sent
+    /// only on a connected publisher, which stays until `close`; without
+    /// one nothing could have been confirmed.
+    pub fn outcome(&mut self, sent: Sent, events: &[Event]) -> Outcome {
+        match self.publisher.as_mut() {
+            Some(publisher) => publisher.outcome(sent, events),
+            None => Outcome {
+                outage: Some(anyhow!("no broker connection to finish the batch on")),
+                ..Outcome::default()
+            },
+        }
+    }
+
+    pub fn close(self) {
+        if let Some(publisher) = self.publisher {
+            publisher.close();
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! `outbox-poll requeue`: make events eligible again, once whatever made
+//! them fail is fixed. attempts goes back to 0, last_error is cleared and
+//! available_at is now, so the next run claims them.
+//!
+//! Only unpublished events are touched: requeueing never re-sends an event
+//! the broker already confirmed. Named ids that are unknown or already
+//! published are reported on stderr, one line each, and make the exit code 1.
+
+use std::collections::BTreeSet;
+
+use anyhow::Result;
+
+use crate::cli::RequeueArgs;
+use crate::config::Database;
+use crate::connect::database;
+use crate::exit::Exit;
+use crate::guard::watchdog::Watchdog;
+use crate::report::{plural, stdout};
+use crate::sql::requeue::{self, Named};
+
+/// What a requeue did.
+#[derive(Default)]
+struct Report {
+    requeued: u64,
+    unknown: Vec<String>,
+    already_published: Vec<String>,
+}
+
+pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<Exit> {
+    let _watchdog = Watchdog::for_command(database.connect_timeout, "requeue")?;
+    let mut client = database::connect(
+        &database.config,
+        database.connect_timeout,
+        database.command_idle_limit(),
+    )?;
+    let table = &database.table;
+    let report = if args.dead {
+        Report {
+            requeued: requeue::dead(&mut client, table, database.max_attempts)?,
+            ..Report::default()
+        }
+    } else {
+        let wanted: BTreeSet<&str> = args.event_id.iter().map(String::as_str).collect();
+        let wanted: Vec<&str> = wanted.into_iter().collect();
+        let mut report = Report::default();
+        for (id, named) in requeue::by_event_id(&mut client, table, &wanted)? {
+            match named {
+                Named::Requeued => report.requeued += 1,
+                Named::AlreadyPublished => report.already_published.push(id),
+                Named::Unknown => report.unknown.push(id),
+            }
+        }
+        report
+    };
+    tell(&report, json)?;
+    Ok(
+        match report.unknown.is_empty() && report.already_published.is_empty() {
+            true => Exit::Success,
+            false => Exit::EventsFailed,
+        },
+    )
+}
+
+/// Each named id left alone on stderr, the count (or the JSON) on stdout.
+fn tell(report: &Report, json: bool) -> Result<()> {
+    for id in &report.unknown {
+        eprintln!("outbox-poll: unknown event id: {id}");
+    }
+    for id in &report.already_published {
+        eprintln!("outbox-poll: event id {id} is already published; left as it is");
+    }
+    let line = if json {
+        serde_json::json!({
+            "requeued": report.requeued,
+            "unknown": report.unknown,
+            "already_published": report.already_published,
+        })
+        .to_string()
+    } else {
+        format!(
+            "requeued {} event{}",
+            report.requeued,
+            plural(report.requeued)
+        )
+    };
+    stdout::line(&line).map_err(stdout::unwritable)
+}

@@ -1,0 +1,129 @@
+//! Whose fault a server's refusal is: the tables that turn a PostgreSQL
+//! SQLSTATE or an AMQP reply code into a cause, and so into an exit code.
+//!
+//! The rule behind both tables: a refusal that the same run would meet
+//! again unchanged is the operator's to fix (exit 78); one that may pass on
+//! its own (a server restarting, a network, a resource) is an outage
+//! (exit 69); and only a refusal of one message's own content is that
+//! event's failure, counted against it alone.
+
+/// What a refusal says about the next run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The operator must change something first (exit 78).
+    Config,
+    /// A rerun may succeed as it is (exit 69).
+    Outage,
+    /// The broker refused one message for what it is (too large, no route):
+    /// the event's own failure.
+    Message,
+}
+
+/// SQLSTATE classes (two characters) and codes that a rerun cannot get
+/// past. Everything else (connection exceptions, a server shutting down,
+/// timeouts, serialization failures, I/O) is an outage.
+const POSTGRES_CONFIG: [(&str, &str); 4] = [
+    ("28", "invalid authorization: the login was refused"),
+    (
+        "42",
+        "syntax error or access rule violation: a missing table, column or privilege",
+    ),
+    ("3D000", "invalid_catalog_name: no such database"),
+    ("3F000", "invalid_schema_name: no such schema"),
+];
+
+/// What a PostgreSQL error code (SQLSTATE) means for the run.
+pub fn postgres(sqlstate: &str) -> Cause {
+    let listed = POSTGRES_CONFIG
+        .iter()
+        .any(|(code, _)| sqlstate == *code || (code.len() == 2 && sqlstate.starts_with(code)));
+    if listed { Cause::Config } else { Cause::Outage }
+}
+
+/// AMQP 0-9-1 reply codes (the spec's constants), as a connection.close or
+/// a channel.close carries them.
+const AMQP: [(u16, &str, Cause); 17] = [
+    (311, "content-too-large", Cause::Message),
+    (312, "no-route", Cause::Message),
+    (313, "no-consumers", Cause::Message),
+    (320, "connection-forced", Cause::Outage),
+    (402, "invalid-path", Cause::Config),
+    (403, "access-refused", Cause::Config),
+    (404, "not-found", Cause::Config),
+    (405, "resource-locked", Cause::Outage),
+    (406, "precondition-failed", Cause::Config),
+    (501, "frame-error", Cause::Outage),
+    (502, "syntax-error", Cause::Outage),
+    (503, "command-invalid", Cause::Outage),
+    (504, "channel-error", Cause::Outage),
+    (505, "unexpected-frame", Cause::Outage),
+    (506, "resource-error", Cause::Outage),
+    (530, "not-allowed", Cause::Config),
+    (541, "internal-error", Cause::Outage),
+];
+
+/// What an AMQP reply code means for the run. A code the spec does not
+/// list (540 not-implemented among them) is taken for an outage: nothing
+/// is blamed on an event for a refusal nobody understands.
+pub fn amqp(reply_code: u16) -> Cause {
+    AMQP.iter()
+        .find(|(code, _, _)| *code == reply_code)
+        .map_or(Cause::Outage, |(_, _, cause)| *cause)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_login_or_a_missing_object_is_configuration() {
+        for code in [
+            "28000", "28P01", "42P01", "42703", "42501", "3D000", "3F000",
+        ] {
+            assert_eq!(postgres(code), Cause::Config, "{code}");
+        }
+    }
+
+    #[test]
+    fn connection_and_server_trouble_is_an_outage() {
+        // connection_failure, admin_shutdown, cannot_connect_now,
+        // query_canceled (statement_timeout), serialization_failure,
+        // too_many_connections, read_only_sql_transaction.
+        for code in [
+            "08006", "57P01", "57P03", "57014", "40001", "53300", "25006",
+        ] {
+            assert_eq!(postgres(code), Cause::Outage, "{code}");
+        }
+    }
+
+    #[test]
+    fn a_class_matches_only_codes_that_start_with_it() {
+        assert_eq!(postgres("4200X"), Cause::Config);
+        assert_eq!(postgres("24000"), Cause::Outage);
+        assert_eq!(postgres("3D001"), Cause::Outage);
+    }
+
+    #[test]
+    fn only_content_and_routing_refusals_are_the_messages_fault() {
+        let message: Vec<u16> = AMQP
+            .iter()
+            .filter(|(_, _, cause)| *cause == Cause::Message)
+            .map(|(code, _, _)| *code)
+            .collect();
+        assert_eq!(message, [311, 312, 313]);
+    }
+
+    #[test]
+    fn permission_and_missing_things_on_the_broker_are_configuration() {
+        for code in [402, 403, 404, 406, 530] {
+            assert_eq!(amqp(code), Cause::Config, "{code}");
+        }
+    }
+
+    #[test]
+    fn a_forced_close_an_internal_error_or_an_unknown_code_is_an_outage() {
+        for code in [320, 541, 506, 540, 999] {
+            assert_eq!(amqp(code), Cause::Outage, "{code}");
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! outbox-poll: relay a PostgreSQL transactional outbox to RabbitMQ, one
+//! short run at a time, and exit with a code cron and CI can act on.
+//!
+//! The binary (`main.rs`) is a thin table of contents over this library;
+//! the benchmark imports the same SQL and rules. The folders follow one
+//! run from the command line to the exit code:
+//!
+//! - [`cli`] and [`config`]: the command line, then the typed settings
+//!   every value is checked into before anything connects;
+//! - [`connect`]: reaching PostgreSQL and RabbitMQ, and naming them in
+//!   messages without a password;
+//! - [`relay`]: what happens in one run: claim a batch, publish it, mark
+//!   what the broker confirmed, commit; batch after batch with `--drain`;
+//! - [`broker`]: the RabbitMQ side of a batch: pipelined publishes, the
+//!   confirms, and whose fault each failure is;
+//! - [`sql`]: every statement the program sends, and the table's name;
+//! - [`commands`]: the subcommands (status, requeue, prune, migrate,
+//!   completions and the manual page);
+//! - [`report`]: what a run tells: stdout, the JSON summary, the metrics
+//!   file, the progress bar, the log;
+//! - [`guard`]: what bounds a run: the watchdog and the signals;
+//! - [`exit`]: the exit codes, and which failure is whose.
+
+pub mod broker;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod connect;
+pub mod exit;
+pub mod guard;
+pub mod relay;
+pub mod report;
+pub mod sql;

@@ -1,0 +1,162 @@
+//! One batch: one transaction from claim to commit, in two halves. `open`
+//! claims and hands the events to the broker; `settle` awaits the
+//! confirms, marks and commits. A drain may open the next batch, on a
+//! session of its own, before it settles this one.
+
+use anyhow::Result;
+
+use crate::broker::Broker;
+use crate::broker::publisher::Sent;
+use crate::config::Relay;
+use crate::guard::stop::Stop;
+use crate::relay::session::Session;
+use crate::report::dry_run;
+use crate::report::totals::Totals;
+use crate::sql::outbox::Event;
+
+/// Why a batch ended before anything was published.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Nothing was due.
+    Empty,
+    /// --ordered and another run holds the table's lock.
+    LockTaken,
+    /// --dry-run printed the batch and rolled back.
+    DryRun,
+    /// A signal came before anything was published; rolled back.
+    Stopped,
+}
+
+/// A batch claimed and handed to the broker: its transaction open (its rows
+/// locked), its confirms on their way.
+pub struct InFlight {
+    events: Vec<Event>,
+    sent: Sent,
+}
+
+impl InFlight {
+    /// How many events the batch claimed.
+    pub fn claimed(&self) -> usize {
+        self.events.len()
+    }
+
+    /// The highest id claimed (the claim is in id order, and never empty).
+    pub fn last_id(&self) -> i64 {
+        self.events.last().map_or(i64::MIN, |event| event.id)
+    }
+}
+
+/// What `open` left.
+pub enum Opened {
+    InFlight(InFlight),
+    /// Nothing to settle: the transaction is already over.
+    Ended(Ended),
+}
+
+/// Opens the batch's transaction, claims and hands the events to the broker.
+///
+/// The row locks taken by the claim are what keep concurrent runs apart,
+/// so they must be held until the marks are committed: releasing them any
+/// earlier would let another run claim and re-send events we have already
+/// published. If anything fails before the commit, the transaction is
+/// rolled back and the events are claimed again by a later run: a
+/// duplicate at worst, never a loss. Only rows from id `from` on are
+/// claimed (all of them if None).
+pub fn open(
+    session: &mut Session,
+    relay: &Relay,
+    broker: &mut Broker,
+    stop: &Stop,
+    totals: &mut Totals,
+    from: Option<i64>,
+) -> Result<Opened> {
+    session.begin()?;
+    let opened = claim_and_send(session, relay, broker, stop, totals, from);
+    match &opened {
+        Ok(Opened::InFlight(_)) => {}
+        Ok(Opened::Ended(Ended::Empty | Ended::LockTaken)) => {
+            if let Err(error) = session.commit() {
+                session.roll_back();
+                return Err(error);
+            }
+        }
+        Ok(Opened::Ended(_)) | Err(_) => session.roll_back(),
+    }
+    opened
+}
+
+fn claim_and_send(
+    session: &mut Session,
+    relay: &Relay,
+    broker: &mut Broker,
+    stop: &Stop,
+    totals: &mut Totals,
+    from: Option<i64>,
+) -> Result<Opened> {
+    if !session.try_lock()? {
+        return Ok(Opened::Ended(Ended::LockTaken));
+    }
+    let events = session.claim(relay.batch_size, from)?;
+    if events.is_empty() {
+        return Ok(Opened::Ended(Ended::Empty));
+    }
+    if relay.dry_run {
+        dry_run::print(&events)?;
+        totals.claimed += events.len() as u64;
+        return Ok(Opened::Ended(Ended::DryRun));
+    }
+    if stop.requested().is_some() {
+        return Ok(Opened::Ended(Ended::Stopped));
+    }
+    let sent = broker.send(&events, relay.ordered)?;
+    Ok(Opened::InFlight(InFlight { events, sent }))
+}
+
+/// Awaits the batch's confirms, marks what the broker said and commits.
+///
+/// An outage ends the batch like any other outcome: what was confirmed is
+/// marked and committed, and the events with no answer are left exactly as
+/// they were (no attempt counted: the broker failing is not their fault).
+pub fn settle(
+    session: &mut Session,
+    batch: InFlight,
+    broker: &mut Broker,
+    totals: &mut Totals,
+) -> Result<()> {
+    let InFlight { events, sent } = batch;
+    let outcome = broker.outcome(sent, &events);
+    let committed = session.mark(&outcome).and_then(|()| session.commit());
+    if committed.is_err() {
+        session.roll_back();
+    }
+    committed?;
+    log_failures(&events, &outcome.failed);
+    totals.batches += 1;
+    totals.claimed += events.len() as u64;
+    totals.published += outcome.confirmed.len() as u64;
+    totals.failed += outcome.failed.len() as u64;
+    log::info!(
+        "batch {}: claimed {}, published {}, failed {}",
+        totals.batches,
+        events.len(),
+        outcome.confirmed.len(),
+        outcome.failed.len()
+    );
+    match outcome.outage {
+        Some(outage) => Err(outage),
+        None => Ok(()),
+    }
+}
+
+/// A few lines, not one per event: under cron every line is mailed.
+fn log_failures(events: &[Event], failed: &[(i64, String)]) {
+    const SHOWN: usize = 5;
+    for (id, reason) in failed.iter().take(SHOWN) {
+        let event = events.iter().find(|event| event.id == *id);
+        let name = event.map_or("?", |event| event.event_id.as_str());
+        log::warn!("event {name} (row {id}) failed: {reason}");
+    }
+    if failed.len() > SHOWN {
+        log::warn!("... and {} more failed events", failed.len() - SHOWN);
+    }
+}

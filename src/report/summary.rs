@@ -1,0 +1,38 @@
+//! The `--json` summary of a poll run: one object on stdout at the end,
+//! whatever the exit code, its fields in the contract's order.
+
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::exit::Exit;
+use crate::report::stdout;
+use crate::report::totals::Totals;
+
+/// Prints the summary of a run that ended with `result`. A summary that
+/// cannot be written is reported the way an unwritable metrics file is:
+/// exit 78 if the run was otherwise fine, else the run's own exit stands
+/// and a warning says why.
+pub fn after_run(totals: &Totals, started: Instant, result: Result<Exit>) -> Result<Exit> {
+    match (print(totals, started, Exit::of_result(&result)), result) {
+        (Ok(()), result) => result,
+        (Err(error), Ok(Exit::Success)) => Err(stdout::unwritable(error)),
+        (Err(error), result) => {
+            eprintln!("outbox-poll: warning: cannot write the JSON summary to stdout: {error}");
+            result
+        }
+    }
+}
+
+/// The summary object, as the run ends with `exit`.
+pub fn print(totals: &Totals, started: Instant, exit: Exit) -> std::io::Result<()> {
+    let summary = serde_json::json!({
+        "claimed": totals.claimed,
+        "published": totals.published,
+        "failed": totals.failed,
+        "batches": totals.batches,
+        "duration_ms": started.elapsed().as_millis() as u64,
+        "exit_code": exit.code(),
+    });
+    stdout::line(&summary.to_string())
+}

@@ -1,0 +1,11 @@
+//! The running figures of a poll run: what the JSON summary, the metrics
+//! file, the progress bar and the watchdog report.
+
+/// What a run has done so far; a batch counts once its transaction ended.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Totals {
+    pub claimed: u64,
+    pub published: u64,
+    pub failed: u64,
+    pub batches: u64,
+}

@@ -1,0 +1,145 @@
+//! The backlog in figures: what `status` prints and the metrics file
+//! exports. One pass over the unpublished rows (the partial pending index
+//! covers them); published rows, the bulk of an old table, are never read.
+
+use anyhow::Result;
+use postgres::Client;
+
+use crate::connect::database::classify_on_table;
+use crate::sql::table::TableName;
+
+/// The backlog of one table (or of one event type in it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Figures {
+    /// Unpublished and not dead.
+    pub pending: i64,
+    /// Pending and available now.
+    pub due: i64,
+    /// Pending with at least one failed attempt.
+    pub retrying: i64,
+    /// Unpublished with attempts >= --max-attempts: never claimed again.
+    pub dead: i64,
+    /// Whole seconds since the oldest pending event was created.
+    pub oldest_pending_age_s: Option<i64>,
+}
+
+impl Figures {
+    /// The contract's `status --json` object, its five fields in the
+    /// contract's order (serde_json's preserve_order keeps it).
+    pub fn to_json(self) -> serde_json::Value {
+        serde_json::json!({
+            "pending": self.pending,
+            "due": self.due,
+            "retrying": self.retrying,
+            "dead": self.dead,
+            "oldest_pending_age_s": self.oldest_pending_age_s,
+        })
+    }
+
+    /// The table's figures from its per-type ones: no second query.
+    pub fn sum(types: &[(String, Figures)]) -> Figures {
+        types
+            .iter()
+            .fold(Figures::default(), |total, (_, figures)| Figures {
+                pending: total.pending + figures.pending,
+                due: total.due + figures.due,
+                retrying: total.retrying + figures.retrying,
+                dead: total.dead + figures.dead,
+                oldest_pending_age_s: total.oldest_pending_age_s.max(figures.oldest_pending_age_s),
+            })
+    }
+}
+
+/// The table's figures, in one query.
+pub fn of_table(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<Figures> {
+    let rows = query(client, table, max_attempts, false)?;
+    Ok(rows
+        .first()
+        .map(|(_, figures)| *figures)
+        .unwrap_or_default())
+}
+
+/// The figures of each event type, in event type order, in one query.
+pub fn by_type(
+    client: &mut Client,
+    table: &TableName,
+    max_attempts: i32,
+) -> Result<Vec<(String, Figures)>> {
+    query(client, table, max_attempts, true)
+}
+
+/// Due events now, for a progress bar's length.
+pub fn due(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<i64> {
+    let sql = format!(
+        "SELECT count(*) FROM {} \
+         WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now()",
+        table.quoted()
+    );
+    let row = client
+        .query_one(&sql, &[&max_attempts])
+        .map_err(|error| classify_on_table(&error, "counting the due events", table))?;
+    Ok(row.get(0))
+}
+
+fn query(
+    client: &mut Client,
+    table: &TableName,
+    max_attempts: i32,
+    group: bool,
+) -> Result<Vec<(String, Figures)>> {
+    let rows = client
+        .query(&figures_sql(&table.quoted(), group), &[&max_attempts])
+        .map_err(|error| classify_on_table(&error, "counting the backlog", table))?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            (
+                row.get(0),
+                Figures {
+                    pending: row.get(1),
+                    due: row.get(2),
+                    retrying: row.get(3),
+                    dead: row.get(4),
+                    oldest_pending_age_s: row.get(5),
+                },
+            )
+        })
+        .collect())
+}
+
+fn figures_sql(table: &str, group: bool) -> String {
+    let (key, tail) = if group {
+        ("event_type", " GROUP BY event_type ORDER BY event_type")
+    } else {
+        ("''", "")
+    };
+    format!(
+        "SELECT {key}, \
+           count(*) FILTER (WHERE attempts < $1::int), \
+           count(*) FILTER (WHERE attempts < $1::int AND available_at <= now()), \
+           count(*) FILTER (WHERE attempts < $1::int AND attempts > 0), \
+           count(*) FILTER (WHERE attempts >= $1::int), \
+           floor(extract(epoch FROM now() - min(created_at) FILTER (WHERE attempts < $1::int)))::bigint \
+         FROM {table} WHERE published_at IS NULL{tail}"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_keeps_the_contracts_field_order() {
+        let figures = Figures {
+            pending: 3,
+            due: 2,
+            retrying: 1,
+            dead: 4,
+            oldest_pending_age_s: None,
+        };
+        assert_eq!(
+            figures.to_json().to_string(),
+            r#"{"pending":3,"due":2,"retrying":1,"dead":4,"oldest_pending_age_s":null}"#
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! The migrations: the SQL files in migrations/, embedded as they are.
+//!
+//! Each is written for a table named `"outbox"` so that it also runs with
+//! psql; `for_table` replaces that name (and the `"outbox_` prefix of index
+//! names) by the validated, quoted --table. Every statement is idempotent,
+//! so running them again, or on a table of the reference article's seven
+//! columns, only adds what is missing.
+
+use crate::sql::table::{TableName, quote};
+
+/// Every migration, in the order it runs.
+pub const MIGRATIONS: [(&str, &str); 2] = [
+    (
+        "0001_create_outbox.sql",
+        include_str!("../../migrations/0001_create_outbox.sql"),
+    ),
+    (
+        "0002_retry_columns.sql",
+        include_str!("../../migrations/0002_retry_columns.sql"),
+    ),
+];
+
+/// Serialises concurrent migrations (two deploys at once), whatever table.
+pub const LOCK: &str = "SELECT pg_advisory_xact_lock(2052318420)";
+
+/// A migration's SQL for `table`. Index names first: the table's own name
+/// may start with `outbox_` too, and must not be rewritten again once it is
+/// in.
+pub fn for_table(sql: &str, table: &TableName) -> String {
+    let index_prefix = quote(&format!("{}_", table.name()));
+    let index_prefix = index_prefix.trim_end_matches('"');
+    sql.replace("\"outbox_", index_prefix)
+        .replace("\"outbox\"", &table.quoted())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_and_index_names_follow_the_table() {
+        let table = TableName::parse("app.events").unwrap();
+        let sql = for_table(MIGRATIONS[1].1, &table);
+        assert!(
+            sql.contains(r#"ALTER TABLE "app"."events" ADD COLUMN"#),
+            "{sql}"
+        );
+        assert!(
+            sql.contains(r#"INDEX IF NOT EXISTS "events_pending_idx" ON "app"."events""#),
+            "{sql}"
+        );
+        assert!(!sql.contains("\"outbox"), "{sql}");
+    }
+
+    #[test]
+    fn a_table_named_like_the_placeholder_is_left_as_named() {
+        let table = TableName::parse("outbox_archive.outbox_orders").unwrap();
+        let sql = for_table(MIGRATIONS[1].1, &table);
+        assert!(
+            sql.contains(r#"ALTER TABLE "outbox_archive"."outbox_orders" ADD"#),
+            "{sql}"
+        );
+        assert!(
+            sql.contains(r#""outbox_orders_pending_idx" ON "outbox_archive"."outbox_orders""#),
+            "{sql}"
+        );
+    }
+
+    #[test]
+    fn every_file_in_migrations_is_embedded() {
+        let mut on_disk: Vec<String> =
+            std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+                .unwrap()
+                .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+                .filter(|name| {
+                    name.ends_with(".sql") && name.starts_with(|c: char| c.is_ascii_digit())
+                })
+                .collect();
+        on_disk.sort();
+        let embedded: Vec<&str> = MIGRATIONS.iter().map(|(name, _)| *name).collect();
+        assert_eq!(on_disk, embedded);
+    }
+}

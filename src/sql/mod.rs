@@ -1,0 +1,10 @@
+//! Every statement the program sends, next to the table's name that each
+//! is built with (quoted, validated: no SQL is ever built from unchecked
+//! input). The migrations themselves are the files in migrations/.
+
+pub mod figures;
+pub mod migrations;
+pub mod outbox;
+pub mod prune;
+pub mod requeue;
+pub mod table;

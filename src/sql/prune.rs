@@ -1,0 +1,111 @@
+//! Deleting old rows: published ones older than a cut-off, and (with
+//! --include-dead) dead ones created before it. $1 is always the age in
+//! seconds.
+
+use std::time::Duration;
+
+use anyhow::{Result, anyhow};
+use postgres::error::SqlState;
+use postgres::{Client, Statement};
+
+use crate::connect::database::{classify_on_table, describe};
+use crate::exit;
+use crate::sql::table::TableName;
+
+/// Which rows a pass deletes.
+#[derive(Clone, Copy)]
+pub enum Kind {
+    Published,
+    Dead,
+}
+
+impl Kind {
+    /// `max_attempts` is an integer clap has checked, safe to write as SQL.
+    fn condition(self, max_attempts: i32) -> String {
+        match self {
+            Kind::Published => "published_at < now() - make_interval(secs => $1)".into(),
+            Kind::Dead => format!(
+                "published_at IS NULL AND attempts >= {max_attempts} \
+                 AND created_at < now() - make_interval(secs => $1)"
+            ),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Published => "published",
+            Kind::Dead => "dead",
+        }
+    }
+}
+
+/// How many rows a prune would delete.
+pub fn count(
+    client: &mut Client,
+    table: &TableName,
+    kind: Kind,
+    max_attempts: i32,
+    age: Duration,
+) -> Result<i64> {
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {} WHERE {}",
+                table.quoted(),
+                kind.condition(max_attempts)
+            ),
+            &[&age.as_secs_f64()],
+        )
+        .map_err(|error| classify_on_table(&error, "counting old events", table))?;
+    Ok(row.get(0))
+}
+
+/// The delete of one batch, prepared: $1 the age in seconds, $2 the batch
+/// size. The condition is checked again on the row itself: a dead event
+/// requeued while this statement waited for its lock is pending again and
+/// must not be deleted, and after such a wait PostgreSQL re-checks only the
+/// outer condition, not the subquery's. (No SKIP LOCKED: that would need
+/// UPDATE, which the pruner role need not have.)
+pub fn prepare_delete(
+    client: &mut Client,
+    table: &TableName,
+    kind: Kind,
+    max_attempts: i32,
+) -> Result<Statement> {
+    client
+        .prepare(&format!(
+            "DELETE FROM {t} WHERE id IN ( \
+               SELECT id FROM {t} WHERE {condition} ORDER BY id LIMIT $2) \
+             AND {condition}",
+            condition = kind.condition(max_attempts),
+            t = table.quoted()
+        ))
+        .map_err(|error| privilege_error(&error, table))
+}
+
+/// Deletes one batch with the statement `prepare_delete` made; returns how
+/// many rows went.
+pub fn delete_batch(
+    client: &mut Client,
+    statement: &Statement,
+    table: &TableName,
+    age: Duration,
+    batch_size: i64,
+) -> Result<u64> {
+    client
+        .execute(statement, &[&age.as_secs_f64(), &batch_size])
+        .map_err(|error| privilege_error(&error, table))
+}
+
+/// A missing DELETE grant is the likely mistake: say so by name.
+fn privilege_error(error: &postgres::Error, table: &TableName) -> anyhow::Error {
+    if error.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+        return exit::config(anyhow!(
+            "prune needs the DELETE privilege on table {table} ({}): \
+             GRANT SELECT, DELETE ON {} TO this role, or prune as a role that has it",
+            describe(error),
+            table.quoted()
+        ));
+    }
+    classify_on_table(error, "deleting old events", table)
+}
