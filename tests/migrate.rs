@@ -60,6 +60,22 @@ fn migrate_twice_changes_nothing_the_second_time() {
 }
 
 #[test]
+fn migrate_and_poll_work_for_any_name_the_parser_accepts() {
+    let mut fx = Fixture::bare("migrate_odd_name");
+    let table = format!(r#"{}."it's $$ odd""#, fx.schema);
+    let run = fx.run(&["migrate", "--table", &table]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    let insert = format!(
+        r#"INSERT INTO "{}"."it's $$ odd" (event_id, event_type, payload) VALUES ('a', 't', '{{}}')"#,
+        fx.schema
+    );
+    fx.db.execute(&insert, &[]).unwrap();
+    let run = fx.run(&["--table", &table, "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.field("published"), 1);
+}
+
+#[test]
 fn event_id_is_unique() {
     let mut fx = Fixture::new("migrate_unique");
     fx.insert_event("same", "t", "{}");

@@ -25,6 +25,11 @@ pub fn run(database: &Database) -> Result<Exit> {
         migrations::LOCK
     ))
     .map_err(|error| classify(&error, "taking the migration lock", "try again"))?;
+    // Where a migration needs the table as a value (a regclass), it reads
+    // it from this setting, given as a bind parameter: no name is ever
+    // pasted into a string literal or a DO block (see sql::migrations).
+    tx.execute(migrations::NAME_THE_TABLE, &[&database.table.quoted()])
+        .map_err(|error| classify_on_table(&error, "naming the table", &database.table))?;
     for (name, sql) in MIGRATIONS {
         tx.batch_execute(&migrations::for_table(sql, &database.table))
             .map_err(|error| {
