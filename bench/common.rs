@@ -1,0 +1,472 @@
+//! The benchmark's harness: its own schema, exchange and queue (removed on
+//! drop), the table filled with events, the binary run and timed, and every
+//! measured run verified (every event arrived, every row marked).
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use postgres::{Client, NoTls};
+use tokio::runtime::Runtime;
+
+/// The binary measured: this build's, or BENCH_BIN (to compare builds).
+pub fn binary() -> String {
+    env_or("BENCH_BIN", env!("CARGO_BIN_EXE_outbox-poll"))
+}
+
+/// GNU time measures a child it forks itself. A child spawned straight from
+/// the bench (vfork + exec) would inherit the bench's own peak RSS in
+/// ru_maxrss, which Linux carries across exec.
+pub const GNU_TIME: &str = "/usr/bin/time";
+
+pub fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.into())
+}
+
+pub fn env_list(name: &str, default: &str) -> Vec<i64> {
+    env_or(name, default)
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().expect("a comma-separated list of numbers"))
+        .collect()
+}
+
+pub struct Settings {
+    pub database_url: String,
+    pub amqp_url: String,
+    pub events: i64,
+    pub naive_events: i64,
+    pub empty_runs: usize,
+    pub batches: Vec<i64>,
+    pub scaling: Vec<i64>,
+    pub scaling_batch: i64,
+    pub only: Option<Vec<String>>,
+}
+
+impl Settings {
+    pub fn from_env() -> Settings {
+        Settings {
+            database_url: env_or(
+                "BENCH_DATABASE_URL",
+                "postgresql://postgres@127.0.0.1:5432/test",
+            ),
+            amqp_url: env_or("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            events: env_or("BENCH_EVENTS", "100000").parse().unwrap(),
+            naive_events: env_or("BENCH_NAIVE_EVENTS", "10000").parse().unwrap(),
+            empty_runs: env_or("BENCH_EMPTY_RUNS", "50").parse().unwrap(),
+            batches: env_list("BENCH_BATCHES", "100,1000,5000"),
+            scaling: env_list("BENCH_SCALING", "1,2,4"),
+            scaling_batch: env_or("BENCH_SCALING_BATCH", "1000").parse().unwrap(),
+            only: std::env::var("BENCH_ONLY")
+                .ok()
+                .map(|s| s.split(',').map(|p| p.trim().to_string()).collect()),
+        }
+    }
+
+    pub fn wants(&self, section: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|s| s == section))
+    }
+}
+
+/// The bench's own schema, exchange and queue; removed on drop.
+pub struct Fixture {
+    pub name: String,
+    pub db: Client,
+    pub runtime: Runtime,
+    pub connection: Connection,
+    pub channel: Channel,
+    pub settings: Settings,
+}
+
+/// One measured figure.
+pub struct Figure {
+    pub name: String,
+    pub events: u64,
+    pub seconds: f64,
+    pub rss_kb: Option<u64>,
+    pub verified: String,
+}
+
+impl Figure {
+    pub fn rate(&self) -> f64 {
+        self.events as f64 / self.seconds
+    }
+}
+
+impl Fixture {
+    pub fn new(settings: Settings) -> Fixture {
+        let name = format!("bench_{}", std::process::id());
+        let mut db =
+            Client::connect(&settings.database_url, NoTls).expect("connecting to PostgreSQL");
+        db.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name};"
+        ))
+        .unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (connection, channel) = runtime.block_on(async {
+            let connection =
+                Connection::connect(&settings.amqp_url, ConnectionProperties::default())
+                    .await
+                    .expect("connecting to RabbitMQ");
+            let channel = connection.create_channel().await.unwrap();
+            channel
+                .exchange_declare(
+                    name.as_str().into(),
+                    ExchangeKind::Topic,
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            channel
+                .queue_declare(
+                    name.as_str().into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            channel
+                .queue_bind(
+                    name.as_str().into(),
+                    name.as_str().into(),
+                    "#".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            (connection, channel)
+        });
+        let fixture = Fixture {
+            name,
+            db,
+            runtime,
+            connection,
+            channel,
+            settings,
+        };
+        let status = fixture
+            .command()
+            .arg("migrate")
+            .status()
+            .expect("running outbox-poll migrate");
+
+        assert!(status.success(), "outbox-poll migrate failed");
+        fixture
+    }
+
+    pub fn table(&self) -> String {
+        format!("{}.outbox", self.name)
+    }
+
+    pub fn command(&self) -> Command {
+        self.command_measured(None)
+    }
+
+    /// With `rss`, the binary runs under GNU time, which writes its peak
+    /// RSS (KiB) to that file.
+    pub fn command_measured(&self, rss: Option<&std::path::Path>) -> Command {
+        let mut command = match rss {
+            Some(file) => {
+                let mut command = Command::new(GNU_TIME);
+                command
+                    .args(["-f", "%M", "-q", "-o"])
+                    .arg(file)
+                    .arg(binary());
+                command
+            }
+            None => Command::new(binary()),
+        };
+        for (name, _) in std::env::vars() {
+            if name.starts_with("PG")
+                || name.starts_with("OUTBOX_")
+                || ["DATABASE_URL", "AMQP_URL", "RUST_LOG"].contains(&name.as_str())
+            {
+                command.env_remove(name);
+            }
+        }
+        command
+            .env("DATABASE_URL", &self.settings.database_url)
+            .env("AMQP_URL", &self.settings.amqp_url)
+            .env("OUTBOX_TABLE", self.table())
+            .env("OUTBOX_EXCHANGE", &self.name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        command
+    }
+
+    /// An empty table and queue, then `count` events of about `bytes` bytes
+    /// of JSON each (as PostgreSQL prints them). Returns the mean size.
+    pub fn fill(&mut self, count: i64, bytes: i64) -> f64 {
+        self.purge();
+        let table = self.table();
+        // The rest of the object prints as 84 to 98 bytes: the mean payload
+        // is about 13 bytes under `bytes` (200: 187, 1024: 1011).
+        let note = (bytes - 110).max(0);
+        self.db
+            .batch_execute(&format!("TRUNCATE {table} RESTART IDENTITY"))
+            .unwrap();
+        self.db
+            .execute(
+                &format!(
+                    "INSERT INTO {table} (event_id, event_type, payload) \
+                     SELECT 'ev-' || g, 'order.created', jsonb_build_object( \
+                       'order_id', g, 'customer', 'cust-' || (g % 977), \
+                       'amount_cents', (g * 7919) % 100000, 'currency', 'EUR', \
+                       'note', repeat('x', $2::int)) \
+                     FROM generate_series(1, $1::bigint) g"
+                ),
+                &[&count, &(note as i32)],
+            )
+            .unwrap();
+        self.db
+            .batch_execute(&format!("VACUUM ANALYZE {table}"))
+            .unwrap();
+        let row = self
+            .db
+            .query_one(
+                &format!("SELECT coalesce(avg(length(payload::text)), 0)::float8 FROM {table}"),
+                &[],
+            )
+            .unwrap();
+        row.get(0)
+    }
+
+    pub fn purge(&self) {
+        self.runtime.block_on(async {
+            self.channel
+                .queue_purge(self.name.as_str().into(), QueuePurgeOptions::default())
+                .await
+                .unwrap();
+        });
+    }
+
+    pub fn unmarked(&mut self) -> i64 {
+        self.db
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {} WHERE published_at IS NULL",
+                    self.table()
+                ),
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    }
+
+    /// Takes every message off the queue; how often each event id arrived.
+    pub fn arrivals(&self) -> HashMap<String, u32> {
+        self.runtime.block_on(async {
+            let queue = self
+                .channel
+                .queue_declare(
+                    self.name.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            let total = queue.message_count();
+            let channel = self.connection.create_channel().await.unwrap();
+            let mut consumer = channel
+                .basic_consume(
+                    self.name.as_str().into(),
+                    "bench-verify".into(),
+                    BasicConsumeOptions {
+                        no_ack: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            let mut counts = HashMap::new();
+            let mut seen = 0;
+            while seen < total {
+                let next = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await;
+                let Ok(Some(Ok(delivery))) = next else { break };
+                let id = delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|id| id.to_string())
+                    .unwrap_or_default();
+                *counts.entry(id).or_insert(0) += 1;
+                seen += 1;
+            }
+            let _ = channel.close(200, "bye".into()).await;
+            counts
+        })
+    }
+
+    /// Checks that events ev-1..ev-`count` each arrived (at least) once and,
+    /// if `rows`, that every row is marked. Returns the verdict text and
+    /// whether it is a failure (a lost event, an unmarked row).
+    pub fn verify(&mut self, count: i64, messages: bool, rows: bool) -> (String, bool) {
+        let mut notes = Vec::new();
+        let mut failed = false;
+        if messages {
+            let arrivals = self.arrivals();
+            let lost = (1..=count)
+                .filter(|n| !arrivals.contains_key(&format!("ev-{n}")))
+                .count();
+            let duplicates: u32 = arrivals.values().map(|c| c - 1).sum();
+            let strangers = arrivals.len() as i64 - (count - lost as i64);
+            if lost > 0 || strangers > 0 {
+                failed = true;
+                notes.push(format!("LOST {lost}"));
+            }
+            if duplicates > 0 {
+                notes.push(format!("{duplicates} dup"));
+            }
+            if lost == 0 {
+                notes.push(format!("{count} arrived"));
+            }
+        }
+        if rows {
+            let unmarked = self.unmarked();
+            if unmarked > 0 {
+                failed = true;
+                notes.push(format!("UNMARKED {unmarked}"));
+            } else {
+                notes.push("all marked".into());
+            }
+        }
+        (notes.join(", "), failed)
+    }
+
+    /// Runs `outbox-poll` with `args` `processes` times at once; the wall
+    /// time of all, the events they published, the highest peak RSS (KiB,
+    /// if `rss` and GNU time is installed), and whether all exited 0.
+    pub fn run_binary(
+        &self,
+        processes: i64,
+        args: &[&str],
+        rss: bool,
+    ) -> (f64, u64, Option<u64>, bool) {
+        let rss = rss && std::path::Path::new(GNU_TIME).exists();
+        let files: Vec<_> = (0..processes)
+            .map(|i| std::env::temp_dir().join(format!("{}_{i}.rss", self.name)))
+            .collect();
+        let started = Instant::now();
+        let children: Vec<_> = files
+            .iter()
+            .map(|file| {
+                self.command_measured(rss.then_some(file.as_path()))
+                    .args(args)
+                    .spawn()
+                    .expect("spawning outbox-poll")
+            })
+            .collect();
+        let mut published = 0;
+        let mut peak = None;
+        let mut ok = true;
+        for (mut child, file) in children.into_iter().zip(&files) {
+            let status = child.wait().expect("waiting for outbox-poll");
+            let mut out = String::new();
+            use std::io::Read;
+            child
+                .stdout
+                .take()
+                .unwrap()
+                .read_to_string(&mut out)
+                .unwrap();
+            if !status.success() {
+                eprintln!("outbox-poll {args:?} exited {status}: {out}");
+                ok = false;
+            }
+            if let Some(line) = out.lines().last() {
+                let summary: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+                published += summary["published"].as_u64().unwrap_or(0);
+            }
+            if rss {
+                let text = std::fs::read_to_string(file).unwrap_or_default();
+                let kb: Option<u64> = text.trim().lines().last().and_then(|l| l.parse().ok());
+                peak = peak.max(kb);
+                let _ = std::fs::remove_file(file);
+            }
+        }
+        (started.elapsed().as_secs_f64(), published, peak, ok)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self
+            .db
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
+        self.runtime.block_on(async {
+            let _ = self
+                .channel
+                .queue_delete(self.name.as_str().into(), QueueDeleteOptions::default())
+                .await;
+            let _ = self
+                .channel
+                .exchange_delete(self.name.as_str().into(), ExchangeDeleteOptions::default())
+                .await;
+            let _ = self.connection.close(200, "bye".into()).await;
+        });
+    }
+}
+
+pub static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn check(failed: bool, verdict: &str) {
+    if failed {
+        eprintln!("FAILURE: {verdict}");
+        FAILED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+pub fn print_figure(figure: &Figure, broker: Option<f64>, pg: Option<f64>) {
+    let ratio = |limit: Option<f64>| match limit {
+        Some(limit) => format!("{:>5.0}%", 100.0 * figure.rate() / limit),
+        None => "    -".into(),
+    };
+    let rss = match figure.rss_kb {
+        Some(kb) => format!("{:>7.1}", kb as f64 / 1024.0),
+        None => "      -".into(),
+    };
+    println!(
+        "| {:<58} | {:>7} | {:>6.2} | {:>8.0} | {} | {} | {} | {} |",
+        figure.name,
+        figure.events,
+        figure.seconds,
+        figure.rate(),
+        rss,
+        ratio(broker),
+        ratio(pg),
+        figure.verified
+    );
+}
+
+pub fn header() {
+    println!(
+        "| {:<58} | {:>7} | {:>6} | {:>8} | {:>7} | {:>6} | {:>5} | verified |",
+        "run", "events", "s", "events/s", "RSS MiB", "/broker", "/pg"
+    );
+    println!("|{}|---:|---:|---:|---:|---:|---:|---|", "-".repeat(60));
+}
