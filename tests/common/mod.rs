@@ -3,7 +3,7 @@
 //! real PostgreSQL and RabbitMQ and never see each other's data.
 //!
 //! TEST_DATABASE_URL and TEST_AMQP_URL point elsewhere than the defaults,
-//! which are the local servers tests/setup.sh starts.
+//! which are the local servers scripts/setup.sh starts.
 
 #![allow(dead_code)] // each test binary uses a different part of this
 
