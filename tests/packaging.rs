@@ -6,10 +6,12 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::TempDir;
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn repo() -> &'static Path {
@@ -21,32 +23,6 @@ fn read(path: &str) -> String {
         .unwrap_or_else(|error| panic!("reading {path}: {error}"))
 }
 
-/// A directory of the test's own, removed at the end.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(test: &str) -> Dir {
-        let path = std::env::temp_dir().join(format!("outbox-poll-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Dir(path)
-    }
-
-    fn write(&self, name: &str, text: &str, mode: u32) {
-        use std::os::unix::fs::PermissionsExt;
-        let path = self.0.join(name);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, text).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 // The set-up script, on a fresh machine.
 
 /// A fresh machine for scripts/setup.sh: a HOME of its own with no Rust in
@@ -55,7 +31,7 @@ impl Drop for Dir {
 /// anything. The servers are left out (as TEST_DATABASE_URL /
 /// TEST_AMQP_URL do) unless a test fakes them.
 struct FreshMachine {
-    home: Dir,
+    home: TempDir,
     env: Vec<(&'static str, &'static str)>,
 }
 
@@ -79,7 +55,7 @@ const FAILING_CURL: &str = r#"echo "curl: (6) Could not resolve host: sh.rustup.
 impl FreshMachine {
     fn new(test: &str) -> FreshMachine {
         FreshMachine {
-            home: Dir::new(test),
+            home: TempDir::new(test),
             env: vec![
                 ("TEST_DATABASE_URL", "postgresql://elsewhere/test"),
                 ("TEST_AMQP_URL", "amqp://elsewhere"),
@@ -91,7 +67,10 @@ impl FreshMachine {
     /// name and arguments, then runs `body`.
     fn fake(&self, name: &str, body: &str) {
         let script = format!("#!/bin/sh\necho {name} \"$*\" >>\"$HOME/calls.log\"\n{body}\n");
-        self.home.write(&format!("bin/{name}"), &script, 0o755);
+        let path = self.home.path().join("bin").join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
     /// Local PostgreSQL servers that are up (for the set-up script's
@@ -103,8 +82,31 @@ impl FreshMachine {
         self
     }
 
+    /// rustup's download works, and installs a Rust whose cargo logs its
+    /// commands.
+    fn with_rust_download(self) -> FreshMachine {
+        self.fake("curl", CURL_OF_A_FAKE_RUSTUP);
+        self
+    }
+
+    fn with_failing_rust_download(self) -> FreshMachine {
+        self.fake("curl", FAILING_CURL);
+        self
+    }
+
+    /// Runs a script that must succeed; its stdout.
+    fn run_ok(&self, script: &str) -> String {
+        let output = self.run(script);
+        assert!(
+            output.status.success(),
+            "{script}: {}",
+            text(&output.stderr)
+        );
+        text(&output.stdout)
+    }
+
     fn run(&self, script: &str) -> Output {
-        let home = &self.home.0;
+        let home = self.home.path();
         let path = format!(
             "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             home.join("bin").display()
@@ -119,7 +121,7 @@ impl FreshMachine {
     }
 
     fn calls(&self) -> Vec<String> {
-        std::fs::read_to_string(self.home.0.join("calls.log"))
+        std::fs::read_to_string(self.home.path().join("calls.log"))
             .unwrap_or_default()
             .lines()
             .map(String::from)
@@ -133,8 +135,9 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn setup_without_a_rust_download_still_sets_up_the_servers_and_says_what_to_do() {
-    let machine = FreshMachine::new("setup-no-download").with_local_postgres();
-    machine.fake("curl", FAILING_CURL);
+    let machine = FreshMachine::new("setup-no-download")
+        .with_local_postgres()
+        .with_failing_rust_download();
     let output = machine.run("scripts/setup.sh");
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
@@ -157,45 +160,34 @@ fn setup_without_a_rust_download_still_sets_up_the_servers_and_says_what_to_do()
 
 #[test]
 fn setup_that_installs_rust_says_how_to_put_it_on_path() {
-    let machine = FreshMachine::new("setup-installs");
-    machine.fake("curl", CURL_OF_A_FAKE_RUSTUP);
-    let output = machine.run("scripts/setup.sh");
-    assert!(output.status.success(), "{}", text(&output.stderr));
+    let machine = FreshMachine::new("setup-installs").with_rust_download();
+    let stdout = machine.run_ok("scripts/setup.sh");
     assert!(
-        text(&output.stdout).contains(
+        stdout.contains(
             "setup: Rust is in ~/.cargo/bin: to use cargo in this shell, run . \"$HOME/.cargo/env\""
         ),
-        "{}",
-        text(&output.stdout)
+        "{stdout}"
     );
 }
 
 #[test]
 fn setup_finds_an_installed_rust_off_path_and_says_nothing() {
-    let machine = FreshMachine::new("setup-off-path");
-    machine.fake("curl", CURL_OF_A_FAKE_RUSTUP);
+    let machine = FreshMachine::new("setup-off-path").with_rust_download();
     // Rust installed by an earlier run, in a shell that has not sourced it.
-    assert!(machine.run("scripts/setup.sh").status.success());
-    let output = machine.run("scripts/setup.sh");
-    assert!(output.status.success(), "{}", text(&output.stderr));
-    assert_eq!(text(&output.stdout), "");
-    assert_eq!(
-        machine
-            .calls()
-            .iter()
-            .filter(|call| call.starts_with("curl"))
-            .count(),
-        1,
-        "the second run downloaded Rust again"
-    );
+    machine.run_ok("scripts/setup.sh");
+    assert_eq!(machine.run_ok("scripts/setup.sh"), "");
+    let downloads = machine
+        .calls()
+        .iter()
+        .filter(|call| call.starts_with("curl"))
+        .count();
+    assert_eq!(downloads, 1, "the second run downloaded Rust again");
 }
 
 #[test]
 fn the_test_script_runs_the_checks_with_the_rust_its_setup_just_installed() {
-    let machine = FreshMachine::new("test-script");
-    machine.fake("curl", CURL_OF_A_FAKE_RUSTUP);
-    let output = machine.run("scripts/test.sh");
-    assert!(output.status.success(), "{}", text(&output.stderr));
+    let machine = FreshMachine::new("test-script").with_rust_download();
+    machine.run_ok("scripts/test.sh");
     let cargo: Vec<String> = machine
         .calls()
         .into_iter()
@@ -217,7 +209,7 @@ fn the_test_script_runs_the_checks_with_the_rust_its_setup_just_installed() {
 /// stderr) where systemd-analyze is not installed: copies whose ExecStart
 /// names the binary under test, since `verify` checks that the command
 /// exists and /usr/bin/outbox-poll is the package's.
-fn systemd_units(test: &str) -> Option<Dir> {
+fn systemd_units(test: &str) -> Option<TempDir> {
     if Command::new("systemd-analyze")
         .arg("--version")
         .output()
@@ -226,19 +218,19 @@ fn systemd_units(test: &str) -> Option<Dir> {
         eprintln!("skipped: systemd-analyze is not installed (apt install systemd)");
         return None;
     }
-    let dir = Dir::new(test);
+    let dir = TempDir::new(test);
     for entry in std::fs::read_dir(repo().join("deploy/systemd")).unwrap() {
         let path = entry.unwrap().path();
         let unit = std::fs::read_to_string(&path)
             .unwrap()
             .replace("/usr/bin/outbox-poll", common::BIN);
-        dir.write(path.file_name().unwrap().to_str().unwrap(), &unit, 0o644);
+        std::fs::write(dir.path().join(path.file_name().unwrap()), unit).unwrap();
     }
     Some(dir)
 }
 
-fn unit_paths(dir: &Dir, suffix: &str) -> Vec<PathBuf> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir.0)
+fn unit_paths(dir: &TempDir, suffix: &str) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .filter(|path| path.to_str().unwrap().ends_with(suffix))
