@@ -45,6 +45,12 @@ install -D -m 0600 deploy/outbox-poll.env "$root/etc/outbox-poll/outbox-poll.env
 install -D -m 0644 -t "$root/usr/lib/systemd/system" deploy/systemd/*.service deploy/systemd/*.timer
 install -D -m 0644 -t "$root/usr/share/doc/$name" deploy/debian/copyright crontab.example
 gzip -9n -c README.md >"$root/usr/share/doc/$name/README.md.gz"
+maintainer="${DEBFULLNAME:-outbox-poll developers} <${DEBEMAIL:-outbox-poll@invalid}>"
+# Dated by the commit, so that the same commit builds the same package.
+date=$(git log -1 --format=%cD 2>/dev/null || date -R)
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo "no git")
+printf '%s (%s) unstable; urgency=medium\n\n  * Built by scripts/deb.sh from the sources at %s.\n\n -- %s  %s\n' \
+    "$name" "$version" "$commit" "$maintainer" "$date" | gzip -9n >"$root/usr/share/doc/$name/changelog.Debian.gz"
 
 install -d "$root/DEBIAN"
 install -m 0755 -t "$root/DEBIAN" deploy/debian/postinst deploy/debian/prerm deploy/debian/postrm
@@ -56,7 +62,7 @@ cat >"$root/DEBIAN/control" <<CONTROL
 Package: $name
 Version: $version
 Architecture: $arch
-Maintainer: ${DEBFULLNAME:-outbox-poll developers} <${DEBEMAIL:-outbox-poll@invalid}>
+Maintainer: $maintainer
 Installed-Size: $(du -sk --exclude=DEBIAN "$root" | cut -f1)
 Depends: $depends
 Section: net
@@ -89,6 +95,7 @@ expected="./etc/outbox-poll/outbox-poll.env
 ./usr/lib/systemd/system/outbox-poll.timer
 ./usr/share/bash-completion/completions/outbox-poll
 ./usr/share/doc/outbox-poll/README.md.gz
+./usr/share/doc/outbox-poll/changelog.Debian.gz
 ./usr/share/doc/outbox-poll/copyright
 ./usr/share/doc/outbox-poll/crontab.example
 ./usr/share/fish/vendor_completions.d/outbox-poll.fish

@@ -39,5 +39,5 @@ step "outbox-poll --drain --json: publish every due event, batch after batch"
 step "peek take: what arrived in the queue (message_id, type, body)"
 "$peek" take outbox-demo
 
-step "outbox-poll status: the backlog, now empty"
+step "outbox-poll status: the backlog after the drain"
 "$relay" status
