@@ -22,7 +22,7 @@ relay=target/release/outbox-poll
 peek=target/release/examples/peek
 
 step "outbox-poll migrate: create or upgrade the table $OUTBOX_TABLE"
-psql "$DATABASE_URL" -qc 'CREATE SCHEMA IF NOT EXISTS demo'
+psql "$DATABASE_URL" -q -c 'SET client_min_messages = warning' -c 'CREATE SCHEMA IF NOT EXISTS demo'
 "$relay" migrate
 
 step "peek bind: the exchange $OUTBOX_EXCHANGE and a queue outbox-demo bound to every routing key"
