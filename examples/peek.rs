@@ -1,4 +1,4 @@
-//! A minimal consumer for trying outbox-poll by hand (tests/demo.sh uses it).
+//! A minimal consumer for trying outbox-poll by hand (scripts/demo.sh uses it).
 //!
 //! `peek bind EXCHANGE QUEUE` declares a durable topic exchange and a queue
 //! bound to every routing key; `peek take QUEUE` takes every message off the

@@ -14,6 +14,7 @@ mod migrate;
 mod operators;
 mod ordered;
 mod output;
+mod packaging;
 mod pipeline;
 mod poll;
 mod privileges;

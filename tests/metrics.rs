@@ -3,36 +3,27 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::common::Fixture;
+use crate::common::{Fixture, TempDir};
 
-/// A directory of the test's own, removed at the end.
-struct Dir(PathBuf);
+/// The directory of a test's metrics file, removed at the end.
+struct Dir(TempDir);
 
 impl Dir {
     fn new(test: &str) -> Dir {
-        let path = std::env::temp_dir().join(format!("outbox-poll-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Dir(path)
+        Dir(TempDir::new(test))
     }
 
     fn file(&self) -> PathBuf {
-        self.0.join("outbox.prom")
+        self.0.path().join("outbox.prom")
     }
 
     fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(&self.0)
+        let mut names: Vec<String> = std::fs::read_dir(self.0.path())
             .unwrap()
             .map(|entry| entry.unwrap().file_name().into_string().unwrap())
             .collect();
         names.sort();
         names
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

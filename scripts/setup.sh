@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# What the tests and the demo need, made ready: PostgreSQL and RabbitMQ
+# (started when they are stopped and, on Debian or Ubuntu, installed with apt
+# when they are absent), then a Rust toolchain (installed with rustup when
+# cargo is missing or older than this crate's rust-version: Debian's own
+# cargo is too old). Safe to run again and again; silent when all is ready.
+#
+# scripts/test.sh and scripts/demo.sh source this file, so that a Rust it
+# has just installed is on their PATH for their next step. With the argument
+# `rust` it sets up Rust alone (scripts/deb.sh needs no server).
+#
+# Servers named by TEST_DATABASE_URL / TEST_AMQP_URL are left alone: they
+# are someone else's to run.
+set -euo pipefail
+
+say() { echo "setup: $*"; }
+fail() { echo "setup: $*" >&2; exit 1; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_install() {
+    command -v apt-get >/dev/null || fail "$* missing and no apt-get here: install it by hand, then run this again"
+    say "installing $* with apt"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+wait_for() { # seconds, description, command...
+    local seconds=$1 what=$2; shift 2
+    for _ in $(seq "$((seconds * 5))"); do "$@" && return 0; sleep 0.2; done
+    fail "$what did not come up within ${seconds}s"
+}
+
+pg_up() { psql -h 127.0.0.1 -p 5432 -U postgres -d postgres -Atqc 'SELECT 1' >/dev/null 2>&1; }
+pg_listening() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
+amqp_up() { (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; }
+
+ensure_postgres() {
+    if ! pg_listening; then
+        ls /etc/postgresql/*/main >/dev/null 2>&1 || apt_install postgresql postgresql-client
+        local version
+        version=$(ls /etc/postgresql | sort -V | tail -n 1)
+        say "starting PostgreSQL $version on 127.0.0.1:5432"
+        as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+        wait_for 30 PostgreSQL pg_listening
+    fi
+    if ! pg_up; then
+        # A fresh Debian cluster asks TCP clients for a password; the tests
+        # connect as postgres without one, as on the CI machines.
+        local hba
+        hba=$(ls /etc/postgresql/*/main/pg_hba.conf | sort -V | tail -n 1)
+        say "allowing passwordless loopback connections in $hba (a test machine)"
+        as_root sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+        as_root pg_ctlcluster --skip-systemctl-redirect "$(basename "$(dirname "$(dirname "$hba")")")" main reload
+        wait_for 10 "PostgreSQL after reload" pg_up
+    fi
+    if [ -z "$(psql -h 127.0.0.1 -U postgres -d postgres -Atqc "SELECT 1 FROM pg_database WHERE datname = 'test'")" ]; then
+        say "creating the database test"
+        createdb -h 127.0.0.1 -U postgres test
+    fi
+}
+
+ensure_rabbitmq() {
+    amqp_up && return 0
+    command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
+    say "starting RabbitMQ on 127.0.0.1:5672"
+    amqp_up || as_root rabbitmq-server -detached || true
+    wait_for 90 RabbitMQ amqp_up
+}
+
+rust_needed=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' "$(dirname "${BASH_SOURCE[0]}")/../Cargo.toml")
+
+# Whether the cargo on PATH is at least the crate's rust-version.
+cargo_recent() {
+    command -v cargo >/dev/null || return 1
+    local have
+    have=$(cargo --version | cut -d' ' -f2)
+    [ "$(printf '%s\n%s\n' "$rust_needed" "$have" | sort -V | head -n 1)" = "$rust_needed" ]
+}
+
+ensure_rust() {
+    command -v cc >/dev/null || apt_install gcc libc6-dev
+    cargo_recent && return 0
+    # A rustup toolchain that is installed but not on this shell's PATH.
+    if [ -f "$HOME/.cargo/env" ]; then . "$HOME/.cargo/env"; fi
+    cargo_recent && return 0
+    command -v curl >/dev/null || apt_install curl ca-certificates
+    say "installing Rust with rustup into ~/.cargo (a minute or two)"
+    if ! curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+        sh -s -- -y --profile minimal --component rustfmt,clippy >/dev/null; then
+        fail "could not install Rust with rustup (see the line above): install Rust $rust_needed or later from https://rustup.rs, check that \`cargo --version\` works, then run this again"
+    fi
+    . "$HOME/.cargo/env"
+    say "Rust is in ~/.cargo/bin: to use cargo in this shell, run . \"\$HOME/.cargo/env\" (new shells have it)"
+}
+
+# The servers first: they do not depend on Rust, so a failed Rust download
+# still leaves them ready.
+if [ "${1:-}" != rust ]; then
+    [ -n "${TEST_DATABASE_URL:-}" ] || ensure_postgres
+    [ -n "${TEST_AMQP_URL:-}" ] || ensure_rabbitmq
+fi
+ensure_rust

@@ -1,0 +1,458 @@
+//! How outbox-poll is set up and deployed: the set-up script behind
+//! scripts/test.sh and scripts/demo.sh, and what deploy/ ships (the systemd
+//! units, the environment file, the Kubernetes CronJob). The Debian package
+//! itself takes a release build, so scripts/deb.sh builds and checks it,
+//! outside cargo test.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use crate::common::TempDir;
+use yaml_rust2::{Yaml, YamlLoader};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo().join(path))
+        .unwrap_or_else(|error| panic!("reading {path}: {error}"))
+}
+
+// The set-up script, on a fresh machine.
+
+/// A fresh machine for scripts/setup.sh: a HOME of its own with no Rust in
+/// it, a PATH with no cargo, and fake commands in front that log how they
+/// were called (to HOME/calls.log) instead of downloading or starting
+/// anything. The servers are left out (as TEST_DATABASE_URL /
+/// TEST_AMQP_URL do) unless a test fakes them.
+struct FreshMachine {
+    home: TempDir,
+    env: Vec<(&'static str, &'static str)>,
+}
+
+/// curl that "downloads" what rustup's installer does, as far as the
+/// scripts can tell: a cargo in ~/.cargo/bin and the env file that puts it
+/// on PATH. That cargo logs its commands and passes.
+const CURL_OF_A_FAKE_RUSTUP: &str = r#"cat <<'INSTALLER'
+mkdir -p "$HOME/.cargo/bin"
+cat >"$HOME/.cargo/bin/cargo" <<'CARGO'
+#!/bin/sh
+if [ "$1" = --version ]; then echo "cargo 99.0.0"; exit 0; fi
+echo cargo "$*" >>"$HOME/calls.log"
+CARGO
+chmod +x "$HOME/.cargo/bin/cargo"
+echo 'export PATH="$HOME/.cargo/bin:$PATH"' >"$HOME/.cargo/env"
+INSTALLER"#;
+
+/// curl when the download fails, as it says so.
+const FAILING_CURL: &str = r#"echo "curl: (6) Could not resolve host: sh.rustup.rs" >&2; exit 6"#;
+
+impl FreshMachine {
+    fn new(test: &str) -> FreshMachine {
+        FreshMachine {
+            home: TempDir::new(test),
+            env: vec![
+                ("TEST_DATABASE_URL", "postgresql://elsewhere/test"),
+                ("TEST_AMQP_URL", "amqp://elsewhere"),
+            ],
+        }
+    }
+
+    /// A command of the machine's, in front of the real ones: it logs its
+    /// name and arguments, then runs `body`.
+    fn fake(&self, name: &str, body: &str) {
+        let script = format!("#!/bin/sh\necho {name} \"$*\" >>\"$HOME/calls.log\"\n{body}\n");
+        let path = self.home.path().join("bin").join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// Local PostgreSQL servers that are up (for the set-up script's
+    /// checks, which are all it runs then).
+    fn with_local_postgres(mut self) -> FreshMachine {
+        self.env.retain(|(name, _)| *name != "TEST_DATABASE_URL");
+        self.fake("pg_isready", "exit 0");
+        self.fake("psql", "echo 1");
+        self
+    }
+
+    /// rustup's download works, and installs a Rust whose cargo logs its
+    /// commands.
+    fn with_rust_download(self) -> FreshMachine {
+        self.fake("curl", CURL_OF_A_FAKE_RUSTUP);
+        self
+    }
+
+    fn with_failing_rust_download(self) -> FreshMachine {
+        self.fake("curl", FAILING_CURL);
+        self
+    }
+
+    /// Runs a script that must succeed; its stdout.
+    fn run_ok(&self, script: &str) -> String {
+        let output = self.run(script);
+        assert!(
+            output.status.success(),
+            "{script}: {}",
+            text(&output.stderr)
+        );
+        text(&output.stdout)
+    }
+
+    fn run(&self, script: &str) -> Output {
+        let home = self.home.path();
+        let path = format!(
+            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            home.join("bin").display()
+        );
+        Command::new(repo().join(script))
+            .env_clear()
+            .env("HOME", home)
+            .env("PATH", path)
+            .envs(self.env.iter().copied())
+            .output()
+            .unwrap()
+    }
+
+    fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.home.path().join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn setup_without_a_rust_download_still_sets_up_the_servers_and_says_what_to_do() {
+    let machine = FreshMachine::new("setup-no-download")
+        .with_local_postgres()
+        .with_failing_rust_download();
+    let output = machine.run("scripts/setup.sh");
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        machine.calls().iter().any(|call| call.starts_with("psql")),
+        "PostgreSQL was not checked: {:?}",
+        machine.calls()
+    );
+    assert_eq!(
+        stderr.lines().last(),
+        Some(
+            "setup: could not install Rust with rustup (see the line above): install Rust 1.88 \
+             or later from https://rustup.rs, check that `cargo --version` works, then run \
+             this again"
+        ),
+        "{stderr}"
+    );
+    assert!(!text(&output.stdout).contains("Rust is in"));
+}
+
+#[test]
+fn setup_that_installs_rust_says_how_to_put_it_on_path() {
+    let machine = FreshMachine::new("setup-installs").with_rust_download();
+    let stdout = machine.run_ok("scripts/setup.sh");
+    assert!(
+        stdout.contains(
+            "setup: Rust is in ~/.cargo/bin: to use cargo in this shell, run . \"$HOME/.cargo/env\""
+        ),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn setup_finds_an_installed_rust_off_path_and_says_nothing() {
+    let machine = FreshMachine::new("setup-off-path").with_rust_download();
+    // Rust installed by an earlier run, in a shell that has not sourced it.
+    machine.run_ok("scripts/setup.sh");
+    assert_eq!(machine.run_ok("scripts/setup.sh"), "");
+    let downloads = machine
+        .calls()
+        .iter()
+        .filter(|call| call.starts_with("curl"))
+        .count();
+    assert_eq!(downloads, 1, "the second run downloaded Rust again");
+}
+
+#[test]
+fn the_test_script_runs_the_checks_with_the_rust_its_setup_just_installed() {
+    let machine = FreshMachine::new("test-script").with_rust_download();
+    machine.run_ok("scripts/test.sh");
+    let cargo: Vec<String> = machine
+        .calls()
+        .into_iter()
+        .filter(|call| call.starts_with("cargo"))
+        .collect();
+    assert_eq!(
+        cargo,
+        [
+            "cargo fmt --check",
+            "cargo clippy --all-targets --locked -- -D warnings",
+            "cargo test"
+        ]
+    );
+}
+
+// The systemd units.
+
+/// deploy/systemd as systemd-analyze checks it, or None (with a line on
+/// stderr) where systemd-analyze is not installed: copies whose ExecStart
+/// names the binary under test, since `verify` checks that the command
+/// exists and /usr/bin/outbox-poll is the package's.
+fn systemd_units(test: &str) -> Option<TempDir> {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: systemd-analyze is not installed (apt install systemd)");
+        return None;
+    }
+    let dir = TempDir::new(test);
+    for entry in std::fs::read_dir(repo().join("deploy/systemd")).unwrap() {
+        let path = entry.unwrap().path();
+        let unit = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("/usr/bin/outbox-poll", crate::common::BIN);
+        std::fs::write(dir.path().join(path.file_name().unwrap()), unit).unwrap();
+    }
+    Some(dir)
+}
+
+fn unit_paths(dir: &TempDir, suffix: &str) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_str().unwrap().ends_with(suffix))
+        .collect();
+    paths.sort();
+    paths
+}
+
+#[test]
+fn the_systemd_units_pass_systemd_analyze_verify() {
+    let Some(units) = systemd_units("verify") else {
+        return;
+    };
+    let output = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .args(unit_paths(&units, ""))
+        .output()
+        .unwrap();
+    // verify exits 0 on an unknown key or a value it cannot parse, and says
+    // so: any word from it is a failure.
+    let said = format!("{}{}", text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success() && said.is_empty(), "{said}");
+    assert_eq!(unit_paths(&units, "").len(), 4, "two services, two timers");
+}
+
+#[test]
+fn the_services_are_hardened_to_an_exposure_of_at_most_1_2() {
+    let Some(units) = systemd_units("security") else {
+        return;
+    };
+    let help = Command::new("systemd-analyze")
+        .arg("--help")
+        .output()
+        .unwrap();
+    if !text(&help.stdout).contains("--offline") {
+        eprintln!("skipped: this systemd-analyze has no security --offline (systemd 250 or later)");
+        return;
+    }
+    let services = unit_paths(&units, ".service");
+    assert_eq!(services.len(), 2);
+    for service in services {
+        let output = Command::new("systemd-analyze")
+            .args(["security", "--offline=true", "--threshold=12", "--no-pager"])
+            .arg(&service)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}: {}{}",
+            service.display(),
+            text(&output.stdout),
+            text(&output.stderr)
+        );
+    }
+}
+
+/// Every value of `key` in the [Service] section of a unit of deploy/systemd.
+fn unit_values(unit: &str, key: &str) -> Vec<String> {
+    read(&format!("deploy/systemd/{unit}"))
+        .lines()
+        .filter_map(|line| line.strip_prefix(&format!("{key}=")))
+        .map(String::from)
+        .collect()
+}
+
+const SERVICES: [&str; 2] = ["outbox-poll.service", "outbox-poll-follow.service"];
+
+#[test]
+fn a_stopped_run_succeeds_and_any_other_nonzero_exit_fails_the_unit() {
+    for service in SERVICES {
+        assert_eq!(
+            unit_values(service, "SuccessExitStatus"),
+            ["130 143"],
+            "{service}: SIGINT and SIGTERM only, so that 1, 69 and 78 show as failures"
+        );
+    }
+}
+
+#[test]
+fn a_stop_waits_for_every_batch_in_hand() {
+    // The README's budget of one batch step with the default timeouts
+    // (2 x 10 s connect + 30 s confirm + 30 s + 5 s), times the batches a
+    // run keeps in flight: one for a single batch, up to 4 for a drain.
+    let step = Duration::from_secs(85);
+    for (service, batches) in [
+        ("outbox-poll.service", 1),
+        ("outbox-poll-follow.service", 4),
+    ] {
+        let timeout = unit_values(service, "TimeoutStopSec");
+        let timeout = humantime::parse_duration(&timeout[0]).unwrap();
+        assert!(timeout >= step * batches, "{service}: {timeout:?}");
+    }
+}
+
+// The example environment file.
+
+#[test]
+fn the_example_environment_file_names_only_variables_outbox_poll_reads() {
+    let help = Command::new(crate::common::BIN).arg("--help").output().unwrap();
+    let help = text(&help.stdout);
+    let env = read("deploy/outbox-poll.env");
+    let names: Vec<&str> = env
+        .lines()
+        .map(|line| line.trim_start_matches('#'))
+        .filter_map(|line| line.split_once('='))
+        .map(|(name, _)| name)
+        .filter(|name| !name.contains(' '))
+        .collect();
+    assert!(names.contains(&"DATABASE_URL") && names.contains(&"AMQP_URL"));
+    for name in names {
+        // PG* variables are libpq's, read by the PostgreSQL connection.
+        assert!(
+            name.starts_with("PG") || help.contains(&format!("[env: {name}")),
+            "{name} is not a variable of outbox-poll --help"
+        );
+    }
+}
+
+// The Kubernetes CronJob.
+
+/// deploy/kubernetes/cronjob.yaml: its one document and its text.
+fn cronjob() -> (Yaml, String) {
+    let text = read("deploy/kubernetes/cronjob.yaml");
+    let mut documents = YamlLoader::load_from_str(&text).expect("cronjob.yaml is YAML");
+    assert_eq!(documents.len(), 1);
+    (documents.remove(0), text)
+}
+
+fn job(cronjob: &Yaml) -> &Yaml {
+    &cronjob["spec"]["jobTemplate"]["spec"]
+}
+
+fn pod(cronjob: &Yaml) -> &Yaml {
+    &job(cronjob)["template"]["spec"]
+}
+
+fn container(cronjob: &Yaml) -> &Yaml {
+    let containers = pod(cronjob)["containers"].as_vec().expect("containers");
+    assert_eq!(containers.len(), 1);
+    &containers[0]
+}
+
+#[test]
+fn the_cronjob_allows_overlapping_runs_and_says_why() {
+    let (cronjob, text) = cronjob();
+    assert_eq!(cronjob["apiVersion"].as_str(), Some("batch/v1"));
+    assert_eq!(cronjob["kind"].as_str(), Some("CronJob"));
+    assert_eq!(cronjob["spec"]["concurrencyPolicy"].as_str(), Some("Allow"));
+    let reason = text.split("concurrencyPolicy").next().unwrap();
+    let reason = reason.rsplit("\n  schedule").next().unwrap();
+    assert!(reason.contains("SKIP LOCKED"), "{reason}");
+}
+
+#[test]
+fn a_failed_cronjob_run_is_not_retried_and_every_run_has_a_deadline() {
+    let (cronjob, _) = cronjob();
+    assert_eq!(job(&cronjob)["backoffLimit"].as_i64(), Some(0));
+    assert_eq!(pod(&cronjob)["restartPolicy"].as_str(), Some("Never"));
+    let deadline = job(&cronjob)["activeDeadlineSeconds"]
+        .as_i64()
+        .expect("activeDeadlineSeconds");
+    // Past --max-duration (50 s) and the batch step's budget (85 s).
+    assert!(deadline > 50 + 85, "{deadline}");
+}
+
+#[test]
+fn the_cronjob_takes_both_urls_from_a_secret() {
+    let (cronjob, _) = cronjob();
+    let env = container(&cronjob)["env"].as_vec().expect("env");
+    for name in ["DATABASE_URL", "AMQP_URL"] {
+        let variable = env
+            .iter()
+            .find(|variable| variable["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("no {name}"));
+        assert!(
+            variable["value"].is_badvalue(),
+            "{name} has a literal value"
+        );
+        let secret = &variable["valueFrom"]["secretKeyRef"];
+        assert!(
+            secret["name"].as_str().is_some() && secret["key"].as_str().is_some(),
+            "{name} is not from a Secret"
+        );
+    }
+}
+
+#[test]
+fn the_cronjob_runs_as_non_root_on_a_read_only_root_file_system() {
+    let (cronjob, _) = cronjob();
+    assert_eq!(
+        pod(&cronjob)["securityContext"]["runAsNonRoot"].as_bool(),
+        Some(true)
+    );
+    let security = &container(&cronjob)["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"].as_bool(), Some(true));
+    assert_eq!(security["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(
+        security["capabilities"]["drop"][0].as_str(),
+        Some("ALL"),
+        "every capability dropped"
+    );
+}
+
+#[test]
+fn the_cronjob_sets_resources_and_a_grace_period_for_the_batches_in_hand() {
+    let (cronjob, _) = cronjob();
+    let resources = &container(&cronjob)["resources"];
+    assert!(resources["requests"]["cpu"].as_str().is_some());
+    assert!(resources["requests"]["memory"].as_str().is_some());
+    assert!(resources["limits"]["memory"].as_str().is_some());
+    // Its --batch-size 1000 drain keeps 2 batches in flight, 85 s a step.
+    let grace = pod(&cronjob)["terminationGracePeriodSeconds"].as_i64();
+    assert!(grace >= Some(2 * 85), "{grace:?}");
+}
+
+#[test]
+fn the_cronjob_explains_each_exit_code_for_alerts() {
+    let (_, text) = cronjob();
+    for code in ["0", "1", "2", "69", "78", "130, 143"] {
+        assert!(
+            text.lines().any(|line| line
+                .strip_prefix('#')
+                .is_some_and(|comment| comment.trim_start().starts_with(&format!("{code} ")))),
+            "no comment line explains exit code {code}"
+        );
+    }
+}
