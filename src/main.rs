@@ -4,6 +4,7 @@
 mod batch;
 mod cli;
 mod config;
+mod conninfo;
 mod db;
 mod drain;
 mod exit;
