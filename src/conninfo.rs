@@ -1304,6 +1304,12 @@ mod tests {
     }
 
     #[test]
+    fn a_percent_encoded_nul_is_refused() {
+        let message = error(Some("postgresql://u@h/a%00b"), &[], &FakeFiles::default());
+        assert!(message.contains("the dbname holds %00"), "{message}");
+    }
+
+    #[test]
     fn query_parameters_override_the_authority() {
         let info = info("postgresql://u@a/x?host=b&port=7000&dbname=y");
         assert_eq!(places(&info), [tcp("b", 7000)]);
@@ -1662,8 +1668,8 @@ mod tests {
         );
     }
 
-    const SERVICES: &str = "# comment\n[other]\nport=1\n[main]\nhost=db9\n  port=6001  \nuser=svc\n\
-                            dbname=svcdb\n[mainx]\nport=2\n";
+    const SERVICES: &str = "# comment\n[other]\nport=1\n[mainx]\nport=2\n[main]\nhost=db9\n  port=6001  \n\
+                            user=svc\ndbname=svcdb\n[later]\nport=3\n";
 
     #[test]
     fn a_service_fills_what_the_url_leaves_out_and_wins_over_the_environment() {
@@ -1885,6 +1891,30 @@ mod tests {
     }
 
     #[test]
+    fn a_given_password_leaves_the_password_file_unread() {
+        let info = resolve_with(
+            Some("host=db1 user=app password=given"),
+            &[],
+            &pgpass_files(0o644),
+        )
+        .unwrap();
+        assert_eq!(info.warnings, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_commented_pgpass_line_is_never_used() {
+        let files = FakeFiles::default().with(
+            "/home/relay/.pgpass",
+            "#db:5432:*:*:commented\n*:*:*:*:live\n",
+            0o600,
+        );
+        assert_eq!(
+            password_for("host=#db user=u", &files).as_deref(),
+            Some("live")
+        );
+    }
+
+    #[test]
     fn an_empty_password_still_consults_pgpass() {
         let files = pgpass_files(0o600);
         assert_eq!(
@@ -1942,6 +1972,17 @@ mod tests {
         let files = FakeFiles::default().with("/elsewhere/.pgpass", "*:*:*:*:via-home\n", 0o600);
         let info = resolve_with(Some("host=h user=u"), &[("HOME", "/elsewhere")], &files).unwrap();
         assert_eq!(passwords(&info), [Some("via-home".to_string())]);
+    }
+
+    #[test]
+    fn the_current_account_is_the_passwd_entry_of_our_uid() {
+        let passwd =
+            "other:x:1001:1000::/home/other:/bin/sh\nrelay:x:1000:1001::/home/relay:/bin/sh\n";
+        let files =
+            FakeFiles::default()
+                .with("/proc/self", "", 0o555)
+                .with("/etc/passwd", passwd, 0o644);
+        assert_eq!(Account::current(&files), Some(account()));
     }
 
     #[test]
