@@ -7,7 +7,13 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this
 
+pub mod certs;
+pub mod fake_postgres;
+pub mod private_postgres;
+pub mod private_rabbit;
 pub mod proxy;
+pub mod scratch;
+pub mod tls_terminator;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
