@@ -518,7 +518,7 @@ fn parse_key_values(text: &str) -> Result<Vec<(String, String)>> {
 /// A host may be a bracketed IPv6 address. Every part is percent-decoded;
 /// the host list is decoded as a whole and split on commas afterwards, as
 /// libpq does. Empty parts are left unset, so the environment still
-/// applies to them.
+/// applies to them (but see the port list below).
 fn parse_uri(rest: &str) -> Result<Vec<(String, String)>> {
     let mut pairs = Vec::new();
     let mut rest = rest;

@@ -6,7 +6,8 @@
 //!
 //! PostgreSQL refuses to run as root, so when the tests run as root the
 //! commands run as the `postgres` account (runuser), in a directory it
-//! owns.
+//! owns. The binaries are PG_BINDIR's, else the newest version under
+//! /usr/lib/postgresql (Debian's and Ubuntu's layout).
 //!
 //! A cheaper stand-in, when only a read-only session matters: connect to
 //! the shared server with `options=-c default_transaction_read_only=on`.
@@ -18,9 +19,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use super::scratch::{Scratch, free_port};
-
-/// Debian's layout; PG_BINDIR points elsewhere.
-const BINDIR: &str = "/usr/lib/postgresql/15/bin";
 
 pub struct PrivatePostgres {
     dir: Scratch,
@@ -148,7 +146,7 @@ impl PrivatePostgres {
     }
 
     fn run(&self, program: &str, args: &[&str]) -> Output {
-        let output = as_postgres(&PathBuf::from(BINDIR).join(program), args)
+        let output = as_postgres(&bindir().join(program), args)
             .current_dir(self.dir.path())
             .output()
             .unwrap_or_else(|error| panic!("running {program}: {error}"));
@@ -168,13 +166,28 @@ impl Drop for PrivatePostgres {
             let data = self.data(name);
             if Path::new(&data).join("postmaster.pid").exists() {
                 let _ = as_postgres(
-                    &PathBuf::from(BINDIR).join("pg_ctl"),
+                    &bindir().join("pg_ctl"),
                     &["-D", &data, "-m", "immediate", "-w", "stop"],
                 )
                 .output();
             }
         }
     }
+}
+
+/// Where initdb and pg_ctl are: PG_BINDIR if set, else the newest
+/// version's directory in Debian's and Ubuntu's layout.
+fn bindir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PG_BINDIR") {
+        return PathBuf::from(dir);
+    }
+    let versions = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("no /usr/lib/postgresql: install PostgreSQL's server package, or set PG_BINDIR");
+    versions
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .max()
+        .map(|version| PathBuf::from(format!("/usr/lib/postgresql/{version}/bin")))
+        .expect("no PostgreSQL version under /usr/lib/postgresql: set PG_BINDIR")
 }
 
 fn running_as_root() -> bool {
