@@ -1211,6 +1211,22 @@ mod tests {
         format!("{:#}", resolve_with(url, env, files).unwrap_err())
     }
 
+    /// Asserts that resolving fails with a message that says `expected`.
+    fn assert_fails(url: Option<&str>, env: &[(&str, &str)], files: &FakeFiles, expected: &str) {
+        let message = error(url, env, files);
+        assert!(message.contains(expected), "{message}");
+    }
+
+    /// The same for a URL alone, without variables or files.
+    fn url_fails(url: &str, expected: &str) {
+        assert_fails(Some(url), &[], &FakeFiles::default(), expected);
+    }
+
+    /// The same for variables alone, without a URL or files.
+    fn env_fails(env: &[(&str, &str)], expected: &str) {
+        assert_fails(None, env, &FakeFiles::default(), expected);
+    }
+
     fn tcp(host: &str, port: u16) -> (Host, u16) {
         (Host::Tcp(host.into()), port)
     }
@@ -1278,8 +1294,7 @@ mod tests {
 
     #[test]
     fn an_unclosed_ipv6_bracket_is_named() {
-        let message = error(Some("postgresql://u@[::1/x"), &[], &FakeFiles::default());
-        assert!(message.contains("closing \"]\""), "{message}");
+        url_fails("postgresql://u@[::1/x", "closing \"]\"");
     }
 
     #[test]
@@ -1305,8 +1320,7 @@ mod tests {
 
     #[test]
     fn a_percent_encoded_nul_is_refused() {
-        let message = error(Some("postgresql://u@h/a%00b"), &[], &FakeFiles::default());
-        assert!(message.contains("the dbname holds %00"), "{message}");
+        url_fails("postgresql://u@h/a%00b", "the dbname holds %00");
     }
 
     #[test]
@@ -1318,12 +1332,7 @@ mod tests {
 
     #[test]
     fn a_query_parameter_without_a_value_is_an_error() {
-        let message = error(
-            Some("postgresql://u@a/x?sslmode"),
-            &[],
-            &FakeFiles::default(),
-        );
-        assert!(message.contains("\"sslmode\" has no \"=\""), "{message}");
+        url_fails("postgresql://u@a/x?sslmode", "\"sslmode\" has no \"=\"");
     }
 
     #[test]
@@ -1370,52 +1379,32 @@ mod tests {
 
     #[test]
     fn an_unterminated_quote_is_an_error() {
-        let message = error(Some("host='a user=u"), &[], &FakeFiles::default());
-        assert!(
-            message.contains("unterminated quoted value of \"host\""),
-            "{message}"
-        );
+        url_fails("host='a user=u", "unterminated quoted value of \"host\"");
     }
 
     #[test]
     fn a_key_without_equals_is_an_error() {
-        let message = error(Some("host=a user"), &[], &FakeFiles::default());
-        assert!(
-            message.contains("missing \"=\" after \"user\""),
-            "{message}"
-        );
+        url_fails("host=a user", "missing \"=\" after \"user\"");
     }
 
     #[test]
     fn a_string_that_is_neither_url_nor_key_values_is_refused() {
-        let message = error(Some("postgres:/oops"), &[], &FakeFiles::default());
-        assert!(message.contains("neither a postgresql:// URL"), "{message}");
+        url_fails("postgres:/oops", "neither a postgresql:// URL");
     }
 
     #[test]
     fn unknown_keywords_are_errors_and_unsupported_ones_are_named() {
-        let message = error(
-            Some("postgresql://u@a/x?frob=1"),
-            &[],
-            &FakeFiles::default(),
+        url_fails(
+            "postgresql://u@a/x?frob=1",
+            "unknown connection parameter \"frob\" in the database URL",
         );
-        assert!(
-            message.contains("unknown connection parameter \"frob\" in the database URL"),
-            "{message}"
+        url_fails(
+            "host=a hostaddr=10.0.0.1",
+            "hostaddr in the database URL is not supported",
         );
-        let message = error(Some("host=a hostaddr=10.0.0.1"), &[], &FakeFiles::default());
-        assert!(
-            message.contains("hostaddr in the database URL is not supported"),
-            "{message}"
-        );
-        let message = error(
-            Some("host=a channel_binding=require"),
-            &[],
-            &FakeFiles::default(),
-        );
-        assert!(
-            message.contains("channel_binding=require in the database URL is not supported"),
-            "{message}"
+        url_fails(
+            "host=a channel_binding=require",
+            "channel_binding=require in the database URL is not supported",
         );
     }
 
@@ -1428,23 +1417,15 @@ mod tests {
 
     #[test]
     fn a_port_count_that_matches_neither_one_nor_the_hosts_is_an_error() {
-        let message = error(
-            Some("host=a,b,c port=1,2 user=u"),
-            &[],
-            &FakeFiles::default(),
+        url_fails(
+            "host=a,b,c port=1,2 user=u",
+            "could not match 2 port numbers to 3 hosts",
         );
-        assert!(
-            message.contains("could not match 2 port numbers to 3 hosts"),
-            "{message}"
-        );
-        let message = error(
+        assert_fails(
             Some("host=a user=u"),
             &[("PGPORT", "5442,5441")],
             &FakeFiles::default(),
-        );
-        assert!(
-            message.contains("PGPORT=\"5442,5441\": could not match 2"),
-            "{message}"
+            "PGPORT=\"5442,5441\": could not match 2",
         );
     }
 
@@ -1472,13 +1453,11 @@ mod tests {
 
     #[test]
     fn a_bad_port_is_named_with_its_source() {
-        let message = error(Some("postgresql://u@a:54x2/x"), &[], &FakeFiles::default());
-        assert!(
-            message.contains("port=\"54x2\" in the database URL holds \"54x2\""),
-            "{message}"
+        url_fails(
+            "postgresql://u@a:54x2/x",
+            "port=\"54x2\" in the database URL holds \"54x2\"",
         );
-        let message = error(None, &[("PGPORT", "0")], &FakeFiles::default());
-        assert!(message.contains("PGPORT=\"0\" holds \"0\""), "{message}");
+        env_fails(&[("PGPORT", "0")], "PGPORT=\"0\" holds \"0\"");
     }
 
     #[test]
@@ -1559,28 +1538,17 @@ mod tests {
 
     #[test]
     fn a_bad_variable_is_named() {
-        let message = error(None, &[("PGSSLMODE", "sometimes")], &FakeFiles::default());
-        assert!(
-            message.contains("PGSSLMODE=\"sometimes\" is not one of disable"),
-            "{message}"
+        env_fails(
+            &[("PGSSLMODE", "sometimes")],
+            "PGSSLMODE=\"sometimes\" is not one of disable",
         );
-        let message = error(
-            None,
+        env_fails(
             &[("PGTARGETSESSIONATTRS", "writable")],
-            &FakeFiles::default(),
+            "PGTARGETSESSIONATTRS=\"writable\" is not one of any",
         );
-        assert!(
-            message.contains("PGTARGETSESSIONATTRS=\"writable\" is not one of any"),
-            "{message}"
-        );
-        let message = error(
-            None,
+        env_fails(
             &[("PGCONNECT_TIMEOUT", "soon")],
-            &FakeFiles::default(),
-        );
-        assert!(
-            message.contains("PGCONNECT_TIMEOUT=\"soon\" is not a whole number"),
-            "{message}"
+            "PGCONNECT_TIMEOUT=\"soon\" is not a whole number",
         );
     }
 
@@ -1736,23 +1704,17 @@ mod tests {
     #[test]
     fn a_missing_service_or_service_file_is_an_error() {
         let files = FakeFiles::default().with("/etc/svc.conf", SERVICES, 0o644);
-        let message = error(
+        assert_fails(
             Some("service=nope"),
             &[("PGSERVICEFILE", "/etc/svc.conf")],
             &files,
+            "definition of service \"nope\" not found",
         );
-        assert!(
-            message.contains("definition of service \"nope\" not found"),
-            "{message}"
-        );
-        let message = error(
+        assert_fails(
             Some("service=main"),
             &[("PGSERVICEFILE", "/etc/none.conf")],
             &files,
-        );
-        assert!(
-            message.contains("service file /etc/none.conf not found"),
-            "{message}"
+            "service file /etc/none.conf not found",
         );
     }
 
@@ -1774,26 +1736,23 @@ mod tests {
             ("[main]\nservice=other\n", "nested service specifications"),
         ] {
             let files = FakeFiles::default().with("/s.conf", text, 0o644);
-            let message = error(
+            assert_fails(
                 Some("service=main"),
                 &[("PGSERVICEFILE", "/s.conf")],
                 &files,
+                expected,
             );
-            assert!(message.contains(expected), "{message}");
         }
     }
 
     #[test]
     fn a_bad_value_from_a_service_names_its_file_and_line() {
         let files = FakeFiles::default().with("/s.conf", "[main]\nsslmode=sure\n", 0o644);
-        let message = error(
+        assert_fails(
             Some("service=main"),
             &[("PGSERVICEFILE", "/s.conf")],
             &files,
-        );
-        assert!(
-            message.contains("sslmode=\"sure\" in /s.conf, line 2 is not one of"),
-            "{message}"
+            "sslmode=\"sure\" in /s.conf, line 2 is not one of",
         );
     }
 
@@ -1814,21 +1773,17 @@ mod tests {
         passwords(&resolve_with(Some(url), &[], files).unwrap()).remove(0)
     }
 
+    /// Asserts the password the first host of `url` gets.
+    fn assert_password(url: &str, files: &FakeFiles, expected: &str) {
+        assert_eq!(password_for(url, files).as_deref(), Some(expected), "{url}");
+    }
+
     #[test]
     fn the_first_matching_pgpass_line_gives_the_password() {
         let files = pgpass_files(0o600);
-        assert_eq!(
-            password_for("host=db1 dbname=orders user=app", &files).as_deref(),
-            Some("first")
-        );
-        assert_eq!(
-            password_for("host=db2 port=7 dbname=x user=app", &files).as_deref(),
-            Some("any-db")
-        );
-        assert_eq!(
-            password_for("host=db3 user=other", &files).as_deref(),
-            Some("fallback")
-        );
+        assert_password("host=db1 dbname=orders user=app", &files, "first");
+        assert_password("host=db2 port=7 dbname=x user=app", &files, "any-db");
+        assert_password("host=db3 user=other", &files, "fallback");
     }
 
     #[test]
@@ -1851,35 +1806,24 @@ mod tests {
     #[test]
     fn pgpass_escapes_colons_and_backslashes_and_ends_the_password_at_a_colon() {
         let files = pgpass_files(0o600);
-        assert_eq!(
-            password_for("host=db:3 user=u", &files).as_deref(),
-            Some("escaped:colon\\")
-        );
+        assert_password("host=db:3 user=u", &files, "escaped:colon\\");
     }
 
     #[test]
     fn localhost_in_pgpass_matches_the_default_socket_only() {
         let files = pgpass_files(0o600).with("/var/run/postgresql/.s.PGSQL.5432", "", 0o777);
-        assert_eq!(
-            password_for("user=u", &files).as_deref(),
-            Some("on-the-socket")
-        );
-        assert_eq!(
-            password_for("host=/run/pg user=u", &files).as_deref(),
-            Some("other-socket")
-        );
-        assert_eq!(
-            password_for("host=/srv/pg user=u", &files).as_deref(),
-            Some("fallback")
-        );
+        assert_password("user=u", &files, "on-the-socket");
+        assert_password("host=/run/pg user=u", &files, "other-socket");
+        assert_password("host=/srv/pg user=u", &files, "fallback");
     }
 
     #[test]
     fn a_password_given_anywhere_beats_pgpass() {
         let files = pgpass_files(0o600);
-        assert_eq!(
-            password_for("host=db1 dbname=orders user=app password=given", &files).as_deref(),
-            Some("given")
+        assert_password(
+            "host=db1 dbname=orders user=app password=given",
+            &files,
+            "given",
         );
         let info = resolve_with(
             Some("host=db1 dbname=orders user=app"),
@@ -1908,49 +1852,43 @@ mod tests {
             "#db:5432:*:*:commented\n*:*:*:*:live\n",
             0o600,
         );
-        assert_eq!(
-            password_for("host=#db user=u", &files).as_deref(),
-            Some("live")
-        );
+        assert_password("host=#db user=u", &files, "live");
     }
 
     #[test]
     fn an_empty_password_still_consults_pgpass() {
         let files = pgpass_files(0o600);
-        assert_eq!(
-            password_for("host=db1 dbname=orders user=app password=''", &files).as_deref(),
-            Some("first")
+        assert_password(
+            "host=db1 dbname=orders user=app password=''",
+            &files,
+            "first",
         );
+    }
+
+    /// Asserts that the password file was ignored, with one warning that
+    /// says `warning`.
+    fn assert_file_ignored(url: &str, files: &FakeFiles, warning: &str) {
+        let info = resolve_with(Some(url), &[], files).unwrap();
+        assert_eq!(passwords(&info), [None]);
+        assert_eq!(info.warnings.len(), 1, "{:?}", info.warnings);
+        assert!(info.warnings[0].contains(warning), "{:?}", info.warnings);
     }
 
     #[test]
     fn a_pgpass_readable_by_others_is_ignored_with_a_warning() {
-        let info = resolve_with(
-            Some("host=db1 dbname=orders user=app"),
-            &[],
+        let warning = "/home/relay/.pgpass has group or world access";
+        assert_file_ignored(
+            "host=db1 dbname=orders user=app",
             &pgpass_files(0o640),
-        )
-        .unwrap();
-        assert_eq!(passwords(&info), [None]);
-        assert_eq!(info.warnings.len(), 1);
-        assert!(
-            info.warnings[0].contains("/home/relay/.pgpass has group or world access"),
-            "{:?}",
-            info.warnings
+            warning,
         );
     }
 
     #[test]
     fn a_pgpass_that_is_not_a_plain_file_is_ignored_with_a_warning() {
         let files = FakeFiles::default().with("/p/not-a-file", PGPASS, 0o600);
-        let info =
-            resolve_with(Some("host=db1 user=u passfile=/p/not-a-file"), &[], &files).unwrap();
-        assert_eq!(passwords(&info), [None]);
-        assert!(
-            info.warnings[0].contains("not a plain file"),
-            "{:?}",
-            info.warnings
-        );
+        let url = "host=db1 user=u passfile=/p/not-a-file";
+        assert_file_ignored(url, &files, "/p/not-a-file is not a plain file");
     }
 
     #[test]
@@ -1958,10 +1896,7 @@ mod tests {
         let files = FakeFiles::default()
             .with("/a/pass", "*:*:*:*:from-param\n", 0o600)
             .with("/b/pass", "*:*:*:*:from-env\n", 0o600);
-        assert_eq!(
-            password_for("host=h user=u passfile=/a/pass", &files).as_deref(),
-            Some("from-param")
-        );
+        assert_password("host=h user=u passfile=/a/pass", &files, "from-param");
         let info =
             resolve_with(Some("host=h user=u"), &[("PGPASSFILE", "/b/pass")], &files).unwrap();
         assert_eq!(passwords(&info), [Some("from-env".to_string())]);
@@ -2028,23 +1963,13 @@ mod tests {
 
     #[test]
     fn verify_modes_without_a_root_file_say_which_file_is_missing() {
-        let message = error(
-            Some("host=h user=u sslmode=verify-ca"),
-            &[],
-            &FakeFiles::default(),
+        url_fails(
+            "host=h user=u sslmode=verify-ca",
+            "/home/relay/.postgresql/root.crt, which does not exist",
         );
-        assert!(
-            message.contains("/home/relay/.postgresql/root.crt, which does not exist"),
-            "{message}"
-        );
-        let message = error(
-            Some("host=h user=u sslmode=verify-full sslrootcert=/nope.pem"),
-            &[],
-            &FakeFiles::default(),
-        );
-        assert!(
-            message.contains("/nope.pem, which does not exist"),
-            "{message}"
+        url_fails(
+            "host=h user=u sslmode=verify-full sslrootcert=/nope.pem",
+            "/nope.pem, which does not exist",
         );
     }
 
@@ -2053,16 +1978,9 @@ mod tests {
         let info = info("host=h user=u sslrootcert=system");
         assert_eq!(info.ssl.mode, SslMode::VerifyFull);
         assert_eq!(info.ssl.server, ServerCheck::ChainAndName(RootCert::System));
-        let message = error(
-            Some("host=h user=u sslrootcert=system sslmode=require"),
-            &[],
-            &FakeFiles::default(),
-        );
-        assert!(
-            message.contains(
-                "sslmode=\"require\" in the database URL may not be used with sslrootcert=system"
-            ),
-            "{message}"
+        url_fails(
+            "host=h user=u sslrootcert=system sslmode=require",
+            "sslmode=\"require\" in the database URL may not be used with sslrootcert=system",
         );
     }
 
@@ -2087,14 +2005,11 @@ mod tests {
         let files = FakeFiles::default()
             .with("/c.crt", "", 0o644)
             .with("/c.key", "", 0o644);
-        let message = error(
+        assert_fails(
             Some("host=h user=u sslcert=/c.crt sslkey=/c.key"),
             &[],
             &files,
-        );
-        assert!(
-            message.contains("private key file /c.key has group or world access"),
-            "{message}"
+            "private key file /c.key has group or world access",
         );
     }
 
