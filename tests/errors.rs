@@ -1,8 +1,7 @@
 //! Bad input and missing pieces: one clear line on stderr, the documented
 //! exit code, no panic or backtrace, never a password, nothing marked.
 
-use std::net::TcpListener;
-
+use crate::common::scratch::free_port;
 use crate::common::{Fixture, Run, assert_one_clear_line};
 
 fn assert_no_secret(run: &Run, secret: &str) {
@@ -13,20 +12,11 @@ fn assert_no_secret(run: &Run, secret: &str) {
     );
 }
 
-/// A loopback port nobody listens on.
-fn closed_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn broker_down_exits_69_and_leaves_the_events_untouched() {
     let mut fx = Fixture::new("broker_down");
     fx.insert("e", 3);
-    let url = format!("amqp://guest:s3cr3t@127.0.0.1:{}/%2f", closed_port());
+    let url = format!("amqp://guest:s3cr3t@127.0.0.1:{}/%2f", free_port());
     let run = fx.run(&["--amqp-url", &url]);
     assert_eq!(run.code, 69, "{}", run.stderr);
     assert_one_clear_line(&run);
@@ -45,7 +35,7 @@ fn database_down_exits_69() {
     let fx = Fixture::new("db_down");
     let url = format!(
         "postgresql://postgres:s3cr3t@127.0.0.1:{}/test",
-        closed_port()
+        free_port()
     );
     let run = fx.run(&["--database-url", &url]);
     assert_eq!(run.code, 69, "{}", run.stderr);
@@ -104,7 +94,7 @@ fn missing_exchange_exits_78_and_marks_nothing() {
 fn bad_table_name_exits_78_without_touching_the_database() {
     let fx = Fixture::new("bad_table");
     // No database listens there: a 78 proves the name was refused first.
-    let url = format!("postgresql://postgres@127.0.0.1:{}/test", closed_port());
+    let url = format!("postgresql://postgres@127.0.0.1:{}/test", free_port());
     let run = fx.run(&[
         "--database-url",
         &url,

@@ -9,6 +9,7 @@ mod delivery;
 mod errors;
 mod faults;
 mod generated;
+mod infra;
 mod metrics;
 mod migrate;
 mod operators;

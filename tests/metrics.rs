@@ -3,14 +3,15 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::common::{Fixture, TempDir};
+use crate::common::Fixture;
+use crate::common::scratch::Scratch;
 
 /// The directory of a test's metrics file, removed at the end.
-struct Dir(TempDir);
+struct Dir(Scratch);
 
 impl Dir {
     fn new(test: &str) -> Dir {
-        Dir(TempDir::new(test))
+        Dir(Scratch::new(test))
     }
 
     fn file(&self) -> PathBuf {

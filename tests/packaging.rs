@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use crate::common::TempDir;
+use crate::common::scratch::Scratch;
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn repo() -> &'static Path {
@@ -29,7 +29,7 @@ fn read(path: &str) -> String {
 /// anything. The servers are left out (as TEST_DATABASE_URL /
 /// TEST_AMQP_URL do) unless a test fakes them.
 struct FreshMachine {
-    home: TempDir,
+    home: Scratch,
     env: Vec<(&'static str, &'static str)>,
 }
 
@@ -53,7 +53,7 @@ const FAILING_CURL: &str = r#"echo "curl: (6) Could not resolve host: sh.rustup.
 impl FreshMachine {
     fn new(test: &str) -> FreshMachine {
         FreshMachine {
-            home: TempDir::new(test),
+            home: Scratch::new(test),
             env: vec![
                 ("TEST_DATABASE_URL", "postgresql://elsewhere/test"),
                 ("TEST_AMQP_URL", "amqp://elsewhere"),
@@ -207,7 +207,7 @@ fn the_test_script_runs_the_checks_with_the_rust_its_setup_just_installed() {
 /// stderr) where systemd-analyze is not installed: copies whose ExecStart
 /// names the binary under test, since `verify` checks that the command
 /// exists and /usr/bin/outbox-poll is the package's.
-fn systemd_units(test: &str) -> Option<TempDir> {
+fn systemd_units(test: &str) -> Option<Scratch> {
     if Command::new("systemd-analyze")
         .arg("--version")
         .output()
@@ -216,7 +216,7 @@ fn systemd_units(test: &str) -> Option<TempDir> {
         eprintln!("skipped: systemd-analyze is not installed (apt install systemd)");
         return None;
     }
-    let dir = TempDir::new(test);
+    let dir = Scratch::new(test);
     for entry in std::fs::read_dir(repo().join("deploy/systemd")).unwrap() {
         let path = entry.unwrap().path();
         let unit = std::fs::read_to_string(&path)
@@ -227,7 +227,7 @@ fn systemd_units(test: &str) -> Option<TempDir> {
     Some(dir)
 }
 
-fn unit_paths(dir: &TempDir, suffix: &str) -> Vec<PathBuf> {
+fn unit_paths(dir: &Scratch, suffix: &str) -> Vec<PathBuf> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|entry| entry.unwrap().path())
@@ -327,7 +327,10 @@ fn a_stop_waits_for_every_batch_in_hand() {
 
 #[test]
 fn the_example_environment_file_names_only_variables_outbox_poll_reads() {
-    let help = Command::new(crate::common::BIN).arg("--help").output().unwrap();
+    let help = Command::new(crate::common::BIN)
+        .arg("--help")
+        .output()
+        .unwrap();
     let help = text(&help.stdout);
     let env = read("deploy/outbox-poll.env");
     let names: Vec<&str> = env

@@ -3,6 +3,7 @@
 //! redaction that keeps passwords out of every message.
 
 pub mod amqp_url;
+pub mod conninfo;
 pub mod database;
 pub mod libpq;
 pub mod redact;

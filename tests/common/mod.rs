@@ -5,11 +5,16 @@
 //! TEST_DATABASE_URL and TEST_AMQP_URL point elsewhere than the defaults,
 //! which are the local servers scripts/setup.sh starts.
 
+pub mod certs;
+pub mod fake_postgres;
+pub mod private_postgres;
+pub mod private_rabbit;
 pub mod proxy;
+pub mod scratch;
+pub mod tls_terminator;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -599,27 +604,4 @@ pub fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> bool 
         std::thread::sleep(Duration::from_millis(20));
     }
     condition()
-}
-
-/// A directory of the test's own under the system's temporary directory,
-/// removed at the end.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(test: &str) -> TempDir {
-        let path = std::env::temp_dir().join(format!("outbox-poll-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
