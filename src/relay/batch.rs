@@ -6,7 +6,8 @@
 use anyhow::Result;
 
 use crate::broker::Broker;
-use crate::broker::publisher::Sent;
+use crate::broker::publisher::{Outcome, Sent};
+use crate::broker::round::NACKED;
 use crate::config::Relay;
 use crate::guard::stop::Stop;
 use crate::relay::session::Session;
@@ -130,17 +131,20 @@ pub fn settle(
         session.roll_back();
     }
     committed?;
-    log_failures(&events, &outcome.failed);
+    log_failures(&events, &outcome);
+    // Exit 1 and the summary's `failed` count nacked events too: they were
+    // not published, though no attempt was counted against them.
+    let failed = outcome.failed.len() + outcome.declined.len();
     totals.batches += 1;
     totals.claimed += events.len() as u64;
     totals.published += outcome.confirmed.len() as u64;
-    totals.failed += outcome.failed.len() as u64;
+    totals.failed += failed as u64;
     log::info!(
-        "batch {}: claimed {}, published {}, failed {}",
+        "batch {}: claimed {}, published {}, failed {failed} (nacked {})",
         totals.batches,
         events.len(),
         outcome.confirmed.len(),
-        outcome.failed.len()
+        outcome.declined.len()
     );
     match outcome.outage {
         Some(outage) => Err(outage),
@@ -149,14 +153,20 @@ pub fn settle(
 }
 
 /// A few lines, not one per event: under cron every line is mailed.
-fn log_failures(events: &[Event], failed: &[(i64, String)]) {
+fn log_failures(events: &[Event], outcome: &Outcome) {
     const SHOWN: usize = 5;
-    for (id, reason) in failed.iter().take(SHOWN) {
+    let failed = outcome
+        .failed
+        .iter()
+        .map(|(id, reason)| (*id, reason.as_str()));
+    let nacked = outcome.declined.iter().map(|id| (*id, NACKED));
+    let all: Vec<(i64, &str)> = failed.chain(nacked).collect();
+    for (id, reason) in all.iter().take(SHOWN) {
         let event = events.iter().find(|event| event.id == *id);
         let name = event.map_or("?", |event| event.event_id.as_str());
         log::warn!("event {name} (row {id}) failed: {reason}");
     }
-    if failed.len() > SHOWN {
-        log::warn!("... and {} more failed events", failed.len() - SHOWN);
+    if all.len() > SHOWN {
+        log::warn!("... and {} more failed events", all.len() - SHOWN);
     }
 }

@@ -11,6 +11,7 @@ use anyhow::Result;
 use crate::broker::Broker;
 use crate::config::{Database, Relay};
 use crate::connect::database::STATEMENT_TIMEOUT;
+use crate::exit::Exit;
 use crate::guard::stop::Stop;
 use crate::guard::watchdog::{self, Watchdog};
 use crate::relay::batch::{self, Ended, InFlight, Opened};
@@ -170,30 +171,39 @@ impl Drain<'_> {
 
     /// After a failure, settles the batches still in flight: they are on
     /// the wire, and what the broker confirmed of them must be marked rather
-    /// than sent again by the next run. The exit reports the first failure;
-    /// a different later one (the batches are on different sessions) is
-    /// still told, the same outage again is not.
+    /// than sent again by the next run. The exit reports the first failure,
+    /// except that a refusal the operator must fix (exit 78) outranks an
+    /// outage: an outage that comes with one is its consequence (RabbitMQ
+    /// closes the connection when publishes still queued for a channel it
+    /// refused reach it after the close). A different later failure (the
+    /// batches are on different sessions) is still told, the same one again
+    /// is not.
     fn settle_after_failure(
         &mut self,
         sessions: &mut [Session],
         flight: Flight,
         error: anyhow::Error,
     ) -> Result<()> {
-        let first = format!("{error:#}");
-        let mut told = first.clone();
+        let mut reported = error;
+        let mut told = vec![format!("{reported:#}")];
         for (index, batch) in flight {
             self.arm_for_batches();
             let later = batch::settle(&mut sessions[index], batch, self.broker, self.totals);
             self.progress.update(self.totals);
-            if let Err(later) = later {
-                let later = format!("{later:#}");
-                if later != first && later != told {
-                    log::warn!("a batch in flight failed too: {later}");
-                    told = later;
-                }
+            let Err(later) = later else { continue };
+            let text = format!("{later:#}");
+            if told.contains(&text) {
+                continue;
             }
+            if Exit::of(&later) == Exit::Config && Exit::of(&reported) != Exit::Config {
+                log::info!("a consequence of the failure below: {:#}", reported);
+                reported = later;
+            } else {
+                log::warn!("a batch in flight failed too: {text}");
+            }
+            told.push(text);
         }
-        Err(error)
+        Err(reported)
     }
 
     /// A session for the next batch: an idle one, or, while a backlog is

@@ -5,6 +5,7 @@ use anyhow::Result;
 use postgres::Client;
 
 use crate::broker::publisher::Outcome;
+use crate::broker::round::NACKED;
 use crate::config::{Database, Relay};
 use crate::connect::database;
 use crate::sql::outbox::{Event, Outbox};
@@ -72,10 +73,12 @@ impl Session {
         self.outbox.claim(&mut self.client, limit, from)
     }
 
-    /// The marks for what the broker said, in the batch's transaction.
+    /// The marks for what the broker said, in the batch's transaction: one
+    /// statement per outcome.
     pub fn mark(&mut self, outcome: &Outcome) -> Result<()> {
         let outbox = &self.outbox;
         outbox.mark_published(&mut self.client, &outcome.confirmed)?;
-        outbox.mark_failed(&mut self.client, &outcome.failed)
+        outbox.mark_failed(&mut self.client, &outcome.failed)?;
+        outbox.mark_declined(&mut self.client, &outcome.declined, NACKED)
     }
 }

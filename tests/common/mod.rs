@@ -433,6 +433,26 @@ impl Amqp {
         self.bind(queue, exchange, binding);
     }
 
+    /// An internal exchange: clients may not publish to it (the broker
+    /// refuses with ACCESS_REFUSED), only bind it to others.
+    pub fn declare_internal(&self, exchange: &str) {
+        self.runtime.block_on(async {
+            let options = ExchangeDeclareOptions {
+                internal: true,
+                ..Default::default()
+            };
+            self.channel
+                .exchange_declare(
+                    exchange.into(),
+                    ExchangeKind::Topic,
+                    options,
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        });
+    }
+
     pub fn delete(&self, exchange: &str, queue: &str) {
         self.runtime.block_on(async {
             let _ = self
