@@ -786,3 +786,59 @@ fn oversized_event_closes_the_channel_yet_only_it_fails_and_then_it_is_dead() {
     assert_eq!(run.field("claimed"), 1, "the dead event is never claimed");
     assert_eq!(fx.arrivals().get("ok-7"), Some(&1));
 }
+
+/// The simple-query message the relay sends to commit a batch.
+const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+#[test]
+fn a_commit_whose_answer_is_lost_says_its_outcome_is_unknown() {
+    let mut fx = Fixture::new("commit_lost");
+    fx.insert("e", 10);
+    let db = Proxy::start(database_addr());
+    db.cut_after_sending(COMMIT);
+    let metrics =
+        std::env::temp_dir().join(format!("outbox-poll-{}-commit.prom", std::process::id()));
+    let env = env_via(None, Some(&db));
+    let done = run(
+        &fx,
+        &env,
+        &["--json", "--metrics-file", metrics.to_str().unwrap()],
+    );
+    let gauges = std::fs::read_to_string(&metrics).unwrap_or_default();
+    let _ = std::fs::remove_file(&metrics);
+    assert_eq!(done.code, 69, "{}", done.stderr);
+    // The metrics file says it has no backlog (the connection is gone),
+    // then the one error line.
+    let error = done.stderr.lines().last().unwrap_or_default();
+    assert!(
+        error.starts_with("outbox-poll: error: committing the batch")
+            && error.contains("the commit's outcome is unknown"),
+        "{}",
+        done.stderr
+    );
+    assert!(
+        !done.stderr.contains("nothing was marked"),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(
+        (
+            done.field("claimed"),
+            done.field("published"),
+            done.field("failed"),
+            done.field("unknown")
+        ),
+        (10, 0, 0, 10)
+    );
+    assert!(
+        gauges.contains("outbox_poll_last_run_unknown{") && gauges.contains("} 10\n"),
+        "{gauges}"
+    );
+    // The server had the COMMIT: every row is marked, and arrived once.
+    assert!(
+        wait_until(NO_HANG, || fx.published_count() == 10),
+        "{:?}",
+        fx.rows()
+    );
+    assert_eq!(fx.arrivals().len(), 10);
+}

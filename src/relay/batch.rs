@@ -10,7 +10,7 @@ use crate::broker::publisher::{Outcome, Sent};
 use crate::broker::round::NACKED;
 use crate::config::Relay;
 use crate::guard::stop::Stop;
-use crate::relay::session::Session;
+use crate::relay::session::{Session, Uncommitted};
 use crate::report::dry_run;
 use crate::report::totals::Totals;
 use crate::sql::outbox::Event;
@@ -126,11 +126,25 @@ pub fn settle(
 ) -> Result<()> {
     let InFlight { events, sent } = batch;
     let outcome = broker.outcome(sent, &events);
-    let committed = session.mark(&outcome).and_then(|()| session.commit());
-    if committed.is_err() {
+    if let Err(error) = session.mark(&outcome) {
         session.roll_back();
+        return Err(error);
     }
-    committed?;
+    let marked = outcome.confirmed.len() + outcome.failed.len() + outcome.declined.len();
+    match session.commit_marks(marked) {
+        Ok(()) => {}
+        Err(Uncommitted::RolledBack(error)) => {
+            session.roll_back();
+            return Err(error);
+        }
+        Err(Uncommitted::Unknown(error)) => {
+            // Neither published nor failed as far as anyone can tell: the
+            // summary and the metrics count these events apart.
+            totals.claimed += events.len() as u64;
+            totals.unknown += marked as u64;
+            return Err(error);
+        }
+    }
     log_failures(&events, &outcome);
     // Exit 1 and the summary's `failed` count nacked events too: they were
     // not published, though no attempt was counted against them.

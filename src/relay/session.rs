@@ -10,6 +10,16 @@ use crate::config::{Database, Relay};
 use crate::connect::database;
 use crate::sql::outbox::{Event, Outbox};
 
+/// Why a batch's COMMIT did not go through.
+pub enum Uncommitted {
+    /// The server refused it, or it never reached the server: the
+    /// transaction is rolled back, nothing was marked.
+    RolledBack(anyhow::Error),
+    /// The connection dropped while the COMMIT was on its way: its marks
+    /// may have been committed or not.
+    Unknown(anyhow::Error),
+}
+
 pub struct Session {
     pub client: Client,
     outbox: Outbox,
@@ -45,6 +55,32 @@ impl Session {
             "committing the batch",
             "nothing was marked; the events will be claimed and sent again by the next run",
         )
+    }
+
+    /// Commits a batch whose marks cover `marked` events. The server either
+    /// answers (committed, or refused and rolled back), or the connection
+    /// drops before its answer arrives: then the COMMIT may have been
+    /// carried out or not, and nobody can tell. With nothing marked, either
+    /// way leaves the table as it was.
+    pub fn commit_marks(&mut self, marked: usize) -> Result<(), Uncommitted> {
+        let Err(error) = self.client.batch_execute("COMMIT") else {
+            return Ok(());
+        };
+        let what = "committing the batch";
+        if marked > 0 && error.as_db_error().is_none() {
+            Err(Uncommitted::Unknown(database::classify(
+                &error,
+                what,
+                "the commit's outcome is unknown: the batch's events may be marked or not; \
+                 if not, the next run sends them again",
+            )))
+        } else {
+            Err(Uncommitted::RolledBack(database::classify(
+                &error,
+                what,
+                "nothing was marked; the events will be claimed and sent again by the next run",
+            )))
+        }
     }
 
     fn control(&mut self, sql: &str, what: &str, advice: &str) -> Result<()> {
