@@ -145,7 +145,14 @@ pub fn in_flight(batch_size: u32, drain: bool, ordered: bool) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{Duration, batch_idle_limit_of, in_flight};
+    use super::{Duration, MAX_IN_FLIGHT, batch_idle_limit_of, in_flight};
+    use crate::cli::MAX_TIMEOUT;
+
+    #[test]
+    fn the_longest_timeouts_keep_the_idle_limit_within_postgresqls_int_of_milliseconds() {
+        let longest = batch_idle_limit_of(MAX_TIMEOUT, MAX_TIMEOUT, MAX_IN_FLIGHT);
+        assert!(longest.as_millis() <= i32::MAX as u128, "{longest:?}");
+    }
 
     #[test]
     fn the_idle_limit_grows_with_the_batches_in_flight() {

@@ -6,6 +6,7 @@
 mod common;
 
 mod delivery;
+mod environment;
 mod errors;
 mod faults;
 mod generated;
