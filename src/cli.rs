@@ -172,6 +172,13 @@ pub struct PollArgs {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_size: u32,
 
+    /// Payload bytes a batch may hold, and all the batches a drain has in
+    /// flight together: past it a claim takes no more events (though always
+    /// its first). Bounds the memory a run needs.
+    #[arg(long, env = "OUTBOX_BATCH_BYTES", value_name = "SIZE", default_value = "16MiB",
+          value_parser = parse_bytes)]
+    pub batch_bytes: u64,
+
     /// Batch after batch, each its own transaction, until none is claimed.
     #[arg(long, env = "OUTBOX_DRAIN", action = ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
@@ -223,6 +230,40 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// The largest --batch-bytes: a batch's payloads are in memory about twice
+/// over while it is published (the events, and the client's frames).
+pub const MAX_BATCH_BYTES: u64 = 1 << 30;
+
+/// `16MiB`, `500kB`, `1048576`: bytes, with an optional unit (kB, MB, GB
+/// count in thousands, KiB, MiB, GiB in 1024s), from 1 byte to 1GiB.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| "expected bytes, e.g. 16MiB, 500kB or 1048576".to_string())?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "kB" => 1_000,
+        "KiB" => 1 << 10,
+        "MB" => 1_000_000,
+        "MiB" => 1 << 20,
+        "GB" => 1_000_000_000,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?}: use B, kB, MB, GB, KiB, MiB or GiB"
+            ));
+        }
+    };
+    match number.checked_mul(scale) {
+        Some(bytes) if (1..=MAX_BATCH_BYTES).contains(&bytes) => Ok(bytes),
+        _ => Err("must be from 1 byte to 1GiB".into()),
+    }
+}
+
 /// parse_duration, refusing anything longer than `max`: a usage error that
 /// names the option and its maximum, never a panic or an overflow later.
 fn duration_up_to(
@@ -257,6 +298,17 @@ mod tests {
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn byte_sizes_read_with_their_units() {
+        assert_eq!(parse_bytes("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_bytes("500kB"), Ok(500_000));
+        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+        assert_eq!(parse_bytes("1 GiB"), Ok(1 << 30));
+        for bad in ["0", "2GiB", "16XB", "MiB", "-1", "99999999999999999999"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod environment;
 mod errors;
 mod faults;
 mod generated;
+mod memory;
 mod metrics;
 mod migrate;
 mod odd_rows;

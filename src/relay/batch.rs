@@ -45,6 +45,12 @@ impl InFlight {
     pub fn last_id(&self) -> i64 {
         self.events.last().map_or(i64::MIN, |event| event.id)
     }
+
+    /// The payload bytes the batch holds, for --batch-bytes.
+    pub fn bytes(&self) -> i64 {
+        let bytes: usize = self.events.iter().map(|event| event.payload.len()).sum();
+        i64::try_from(bytes).unwrap_or(i64::MAX)
+    }
 }
 
 /// What `open` left.
@@ -62,7 +68,7 @@ pub enum Opened {
 /// published. If anything fails before the commit, the transaction is
 /// rolled back and the events are claimed again by a later run: a
 /// duplicate at worst, never a loss. Only rows from id `from` on are
-/// claimed (all of them if None).
+/// claimed (all of them if None), and about `bytes` of payloads at most.
 pub fn open(
     session: &mut Session,
     relay: &Relay,
@@ -70,9 +76,10 @@ pub fn open(
     stop: &Stop,
     totals: &mut Totals,
     from: Option<i64>,
+    bytes: i64,
 ) -> Result<Opened> {
     session.begin()?;
-    let opened = claim_and_send(session, relay, broker, stop, totals, from);
+    let opened = claim_and_send(session, relay, broker, stop, totals, from, bytes);
     match &opened {
         Ok(Opened::InFlight(_)) => {}
         Ok(Opened::Ended(Ended::Empty | Ended::LockTaken)) => {
@@ -93,11 +100,12 @@ fn claim_and_send(
     stop: &Stop,
     totals: &mut Totals,
     from: Option<i64>,
+    bytes: i64,
 ) -> Result<Opened> {
     if !session.try_lock()? {
         return Ok(Opened::Ended(Ended::LockTaken));
     }
-    let events = session.claim(relay.batch_size, from)?;
+    let events = session.claim(relay.batch_size, from, bytes)?;
     if events.is_empty() {
         return Ok(Opened::Ended(Ended::Empty));
     }

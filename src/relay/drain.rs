@@ -114,7 +114,10 @@ impl Drain<'_> {
         let mut claims = Claims::new();
         let mut claiming = true;
         loop {
-            while claiming && self.may_open(flight.len()) {
+            // --batch-bytes bounds the payloads of every batch in flight
+            // together: a claim gets what the others leave of it.
+            let room = |flight: &Flight| self.relay.batch_bytes - bytes(flight);
+            while claiming && self.may_open(flight.len()) && room(&flight) > 0 {
                 let Some(index) = self.free_session(&mut sessions, claims.backlog) else {
                     break;
                 };
@@ -124,7 +127,7 @@ impl Drain<'_> {
                     break;
                 }
                 self.arm_for_batches();
-                match self.open_next(&mut sessions.all[index], &mut claims) {
+                match self.open_next(&mut sessions.all[index], &mut claims, room(&flight)) {
                     Ok(Some(batch)) => flight.push_back((index, batch)),
                     Ok(None) => {
                         sessions.idle.push(index);
@@ -152,18 +155,27 @@ impl Drain<'_> {
         &mut self,
         session: &mut Session,
         claims: &mut Claims,
+        bytes: i64,
     ) -> Result<Option<InFlight>> {
         let relay = self.relay;
         // Ordered mode never passes a row: it always claims from the head.
         let from = claims.next().filter(|_| !relay.ordered);
-        match batch::open(session, relay, self.broker, self.stop, self.totals, from)? {
+        match batch::open(
+            session,
+            relay,
+            self.broker,
+            self.stop,
+            self.totals,
+            from,
+            bytes,
+        )? {
             Opened::InFlight(batch) => {
                 claims.claimed(from, &batch, relay.batch_size);
                 Ok(Some(batch))
             }
             Opened::Ended(Ended::Empty) if from.is_some() => {
                 claims.from = None;
-                self.open_next(session, claims)
+                self.open_next(session, claims, bytes)
             }
             Opened::Ended(_) => Ok(None),
         }
@@ -260,6 +272,11 @@ impl Drain<'_> {
         self.watchdog
             .arm(batch_budget(self.relay), "the batch", *self.totals);
     }
+}
+
+/// The payload bytes of the batches in flight.
+fn bytes(flight: &Flight) -> i64 {
+    flight.iter().map(|(_, batch)| batch.bytes()).sum()
 }
 
 /// Every bound a batch can meet, one after the other: connecting to the

@@ -104,9 +104,10 @@ impl Session {
         self.outbox.try_lock(&mut self.client)
     }
 
-    /// Claims up to `limit` due events from id `from` on (all if None).
-    pub fn claim(&mut self, limit: i64, from: Option<i64>) -> Result<Vec<Event>> {
-        self.outbox.claim(&mut self.client, limit, from)
+    /// Claims up to `limit` due events from id `from` on (all if None),
+    /// holding about `bytes` of payloads at most (see Outbox::claim).
+    pub fn claim(&mut self, limit: i64, from: Option<i64>, bytes: i64) -> Result<Vec<Event>> {
+        self.outbox.claim(&mut self.client, limit, from, bytes)
     }
 
     /// The marks for what the broker said, in the batch's transaction: one

@@ -9,6 +9,8 @@
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::types::ToSql;
 use postgres::{Client, Statement};
 
 use crate::connect::database::classify_on_table;
@@ -101,13 +103,52 @@ impl Outbox {
     }
 
     /// Claims up to `limit` due events with ids from `from` on (the whole
-    /// table if None), locked until the transaction ends.
-    pub fn claim(&self, client: &mut Client, limit: i64, from: Option<i64>) -> Result<Vec<Event>> {
+    /// table if None), locked until the transaction ends, and keeps them
+    /// while the payload bytes kept so far are under `bytes`: the first
+    /// always, however large.
+    ///
+    /// The rows are read as they arrive, and those past the budget are read
+    /// and dropped one at a time: so the batch in memory is the budget (and
+    /// one event), whatever --batch-size allows. Those rows stay locked until
+    /// the batch's transaction ends, then a later claim takes them.
+    ///
+    /// The budget is applied here rather than in the claim's SQL: a running
+    /// sum over the claimed rows there made every claim take half as long
+    /// again on the server, for ordinary batches it never cuts. This way
+    /// costs only a claim it cuts, whose server still sends the rows past
+    /// the budget (with payloads near the budget, a smaller --batch-size
+    /// spares that). They are read, not left in the socket: the server would
+    /// wait to send them, the claim still running, until statement_timeout
+    /// cancelled it and the batch with it.
+    pub fn claim(
+        &self,
+        client: &mut Client,
+        limit: i64,
+        from: Option<i64>,
+        bytes: i64,
+    ) -> Result<Vec<Event>> {
         let from = from.unwrap_or(i64::MIN);
-        let rows = client
-            .query(&self.claim, &[&self.max_attempts, &limit, &from])
-            .map_err(|error| classify_on_table(&error, "claiming a batch", &self.table))?;
-        rows.iter().map(|row| self.event(row)).collect()
+        let failed = |error| classify_on_table(&error, "claiming a batch", &self.table);
+        let params: [&(dyn ToSql + Sync); 3] = [&self.max_attempts, &limit, &from];
+        let mut rows = client.query_raw(&self.claim, params).map_err(failed)?;
+        let (mut events, mut held, mut dropped) = (Vec::new(), 0, 0);
+        while let Some(row) = rows.next().map_err(failed)? {
+            if held >= bytes {
+                dropped += 1;
+                continue;
+            }
+            let event = self.event(&row)?;
+            held += i64::try_from(event.payload.len()).unwrap_or(i64::MAX);
+            events.push(event);
+        }
+        if dropped > 0 {
+            log::info!(
+                "the batch holds {} events, {held} payload bytes (--batch-bytes); the {dropped} \
+                 claimed after them wait for a later batch",
+                events.len()
+            );
+        }
+        Ok(events)
     }
 
     /// The SELECT casts every column to the type read here, so no value of
