@@ -263,6 +263,26 @@ fn backoff_grows_with_attempts_and_is_capped() {
 }
 
 #[test]
+fn events_that_fail_together_come_back_spread_over_the_jitter() {
+    let mut fx = Fixture::new("jitter");
+    fx.route_only("none");
+    fx.insert("e", 50);
+    let run = fx.run(&["--batch-size", "50"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let due: Vec<f64> = fx.rows().iter().map(|row| row.due_in_s).collect();
+    let (low, high) = due.iter().fold((f64::MAX, f64::MIN), |(low, high), d| {
+        (low.min(*d), high.max(*d))
+    });
+    // 2 s times a factor uniform in [0.5, 1): fifty draws spread over most
+    // of the second between 1 and 2 s (under a quarter of it: 1 in 10^28).
+    assert!(
+        high - low > 0.25,
+        "all back within {} s: {due:?}",
+        high - low
+    );
+}
+
+#[test]
 fn dead_rows_are_never_claimed() {
     let mut fx = Fixture::new("dead_rows");
     fx.insert("e", 3);

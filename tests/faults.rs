@@ -587,6 +587,31 @@ fn sigterm_during_a_drain_finishes_the_batch_starts_no_other_and_exits_143() {
 }
 
 #[test]
+fn sigterm_during_an_ordered_drain_claims_no_next_batch_even_one_a_held_row_would_block() {
+    let mut fx = Fixture::new("sigterm_ordered");
+    fx.insert("e", 200);
+    // The ordered claim waits for a locked row rather than skip it: a
+    // claim of the second batch would wait on e-150, then fail.
+    let held = fx.hold_row("e-150");
+    let broker = Proxy::start(amqp_addr());
+    broker.stall_upstream_after(STALL_AT); // inside the first batch
+    let env = env_via(Some(&broker), None);
+    let since = Instant::now();
+    let args = ["--ordered", "--drain", "--batch-size", "100", "--json"];
+    let child = spawn(&fx, &env, &args);
+    assert!(broker.wait_for_upstream(STALL_AT, NO_HANG));
+    signal(&child, "-TERM");
+    sleep(Duration::from_millis(300));
+    broker.resume();
+    let done = finish(child, since);
+    held.release();
+    assert_eq!(done.code, 143, "{}", done.stderr);
+    assert_eq!(done.stderr, "", "nothing failed");
+    assert_eq!((done.field("batches"), done.field("published")), (1, 100));
+    assert!(done.took < NO_HANG, "took {:?}", done.took);
+}
+
+#[test]
 fn sigint_during_a_drain_before_publishing_rolls_back_and_exits_130() {
     let mut fx = Fixture::new("sigint");
     fx.insert("e", 10);

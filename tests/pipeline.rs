@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common::proxy::Proxy;
 use crate::common::{
-    Fixture, amqp_addr, amqp_url_via, database_addr, database_url_via, wait_until,
+    Fixture, amqp_addr, amqp_url_via, database_addr, database_url_via, row, wait_until,
 };
 
 #[test]
@@ -193,6 +193,49 @@ fn a_drain_holds_no_more_payload_bytes_in_flight_than_batch_bytes() {
     let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, &args, 5_000, 1);
     assert!(seen, "more than one batch was in flight");
     assert_eq!(connections, 1);
+}
+
+#[test]
+fn a_batch_that_fails_to_mark_still_lets_the_batches_in_flight_behind_it_be_marked() {
+    let mut fx = Fixture::new("pipeline_mark_fails");
+    fx.insert("e", 60);
+    // The second batch (e-11 .. e-20) cannot be marked: a failure of
+    // PostgreSQL's, not the broker's, with batches sent behind it.
+    fx.execute(&format!(
+        "CREATE FUNCTION \"{schema}\".refuse_e15() RETURNS trigger LANGUAGE plpgsql AS $$ \
+           BEGIN \
+             IF NEW.event_id = 'e-15' AND NEW.published_at IS NOT NULL THEN \
+               RAISE EXCEPTION 'the test refuses to mark e-15'; \
+             END IF; \
+             RETURN NEW; \
+           END $$; \
+         CREATE TRIGGER refuse_e15 BEFORE UPDATE ON {{table}} \
+           FOR EACH ROW EXECUTE FUNCTION \"{schema}\".refuse_e15();",
+        schema = fx.schema
+    ));
+    let run = fx.run(&["--drain", "--batch-size", "10", "--json"]);
+    assert_eq!(run.code, 69, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("refuses to mark e-15"),
+        "{}",
+        run.stderr
+    );
+    let arrived = fx.arrivals();
+    let rows = fx.rows();
+    let in_the_failed_batch = |id: &str| (11..=20).any(|n| id == format!("e-{n}"));
+    let unmarked: Vec<&str> = rows
+        .iter()
+        .filter(|row| arrived.contains_key(&row.event_id) && !row.published)
+        .map(|row| row.event_id.as_str())
+        .filter(|id| !in_the_failed_batch(id))
+        .collect();
+    assert_eq!(
+        unmarked,
+        Vec::<&str>::new(),
+        "sent, confirmed, yet not marked"
+    );
+    // Batches three and four were in flight when the second failed.
+    assert!((21..=40).all(|n| row(&rows, &format!("e-{n}")).published));
 }
 
 #[test]
