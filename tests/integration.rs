@@ -23,3 +23,4 @@ mod privileges;
 mod progress;
 mod readme;
 mod refusals;
+mod soak;

@@ -106,6 +106,16 @@ impl Proxy {
         *self.state.cut_after_sending.lock().unwrap() = Some(message.to_vec());
     }
 
+    /// Lifts every fault, for the connections to come: no stall, no cut
+    /// after a byte count, no cut after a message.
+    pub fn heal(&self) {
+        self.resume();
+        for limit in &self.state.cut_after {
+            limit.store(u64::MAX, Ordering::SeqCst);
+        }
+        *self.state.cut_after_sending.lock().unwrap() = None;
+    }
+
     /// Lets bytes move again, lifting stall() and stall_upstream_after().
     pub fn resume(&self) {
         self.state.upstream_limit.store(u64::MAX, Ordering::SeqCst);
