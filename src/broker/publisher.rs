@@ -332,9 +332,11 @@ impl Publisher {
         if timed_out {
             return Err(self.outage(error, true));
         }
+        // Over a publish, a reply code can be about the message itself.
         let reply = error
             .downcast_ref::<lapin::Error>()
-            .and_then(publish_refusal);
+            .and_then(reply_code)
+            .map(classify::amqp_publish);
         let connected = self.connection.status().connected();
         match verdict(reply, connected, alone) {
             Verdict::Refused => Err(self.refused(error)),
@@ -509,17 +511,14 @@ fn connect_error(error: &lapin::Error, broker: &str) -> anyhow::Error {
 /// None when the error is not the broker's word at all (a socket, a
 /// timeout).
 fn refusal(error: &lapin::Error) -> Option<classify::Cause> {
-    match error.kind() {
-        lapin::ErrorKind::ProtocolError(amqp) => Some(classify::amqp(amqp.get_id())),
-        _ => None,
-    }
+    reply_code(error).map(classify::amqp)
 }
 
-/// The same for a channel the broker closed over a publish, where a reply
-/// code can be about the message itself (see exit::classify::amqp_publish).
-fn publish_refusal(error: &lapin::Error) -> Option<classify::Cause> {
+/// The reply code of the broker's connection.close or channel.close behind
+/// `error`, if it is one.
+fn reply_code(error: &lapin::Error) -> Option<u16> {
     match error.kind() {
-        lapin::ErrorKind::ProtocolError(amqp) => Some(classify::amqp_publish(amqp.get_id())),
+        lapin::ErrorKind::ProtocolError(amqp) => Some(amqp.get_id()),
         _ => None,
     }
 }
