@@ -354,7 +354,7 @@ fn main() {
         }
     }
     if fx.settings.wants("large") {
-        figures.extend(memory::large_payloads(&mut fx));
+        figures.push(memory::large_payloads(&mut fx));
     }
     let mut empty = None;
     if fx.settings.wants("empty") {

@@ -143,7 +143,7 @@ fn run_gauges(run: &Run) -> [Gauge; 8] {
         ),
         (
             "last_run_failed",
-            "Events the broker nacked or returned in the last run.",
+            "Events that failed in the last run: returned, refused over a channel error or unreadable (an attempt counted each), or nacked (none counted).",
             totals.failed.to_string(),
         ),
         (
