@@ -800,7 +800,10 @@ fn oversized_event_closes_the_channel_yet_only_it_fails_and_then_it_is_dead() {
         fx.insert_event(&format!("ok-{n}"), "ok.created", r#"{"n": 1}"#);
     }
 
-    let run = fx.run(&["--json", "--max-attempts", "1", "--confirm-timeout", "60s"]);
+    // All seven in one batch, the events after big-1 on the wire behind it:
+    // --batch-bytes would otherwise end the batch at big-1.
+    let args = ["--json", "--max-attempts", "1", "--confirm-timeout", "60s"];
+    let run = fx.run(&[&args[..], &["--batch-bytes", "1GiB"]].concat());
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert_eq!((run.field("published"), run.field("failed")), (6, 1));
     assert_only_poison_failed(&mut fx, "big-1", "closed the channel");
