@@ -5,7 +5,8 @@
 //! `--drain` at several batch sizes, and in the same run the two limits
 //! (PostgreSQL-only claim+mark loop, RabbitMQ-only pipelined publish with
 //! confirms), a naive per-event baseline, the empty-run latency, memory at
-//! 1 KB payloads and concurrent drains. Every measured run is verified:
+//! 1 KB payloads and at 50 MB ones (bench/memory.rs), and concurrent
+//! drains. Every measured run is verified:
 //! every event arrived (duplicates and losses counted) and every row is
 //! marked; any loss is reported as FAILURE and the exit code is 1.
 //!
@@ -18,9 +19,10 @@
 //! BENCH_BATCHES (100,1000,5000), BENCH_SCALING (1,2,4: concurrent drains),
 //! BENCH_SCALING_BATCH (1000), BENCH_ONLY (a
 //! comma-separated subset of: limits,shapes,drain,naive,empty,memory,
-//! scaling).
+//! large,scaling).
 
 mod common;
+mod memory;
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -46,9 +48,12 @@ fn relay_statements(fx: &Fixture, client: &mut Client) -> Outbox {
 }
 
 /// Claims up to `limit` events as the relay does, in the transaction open
-/// on `client`.
+/// on `client`. With no byte budget: the bench's batches hold far less than
+/// the default --batch-bytes, so the relay's claim returns the same rows.
 fn claim(client: &mut Client, outbox: &Outbox, limit: i64) -> Vec<Event> {
-    outbox.claim(client, limit, None).expect("claiming")
+    outbox
+        .claim(client, limit, None, i64::MAX)
+        .expect("claiming")
 }
 
 /// A publish of `event` as the relay makes it: routing key, properties
@@ -347,6 +352,9 @@ fn main() {
             let name = format!("memory: {count} x 1 KB events, --drain --batch-size 5000");
             figures.push(drain(&mut fx, name, count, 1024, 5000, 1));
         }
+    }
+    if fx.settings.wants("large") {
+        figures.push(memory::large_payloads(&mut fx));
     }
     let mut empty = None;
     if fx.settings.wants("empty") {

@@ -10,6 +10,21 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 /// --max-attempts when not given: the tenth failure makes an event dead.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
 
+/// The longest --connect-timeout and --confirm-timeout: a day. Longer, a
+/// batch would hold its rows (and the database's xmin horizon) for days;
+/// and within it every bound the run derives from them stays what it can
+/// be: the idle-in-transaction limit, which PostgreSQL holds as an int of
+/// milliseconds (24.8 days at most, see config::batch_idle_limit_of), and
+/// the watchdog's budgets.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+/// A year as humantime reads and writes `1year`: 365.25 days.
+const YEAR: u64 = 31_557_600;
+/// The longest --max-duration: a year, far past any drain's purpose.
+pub const MAX_RUN: Duration = Duration::from_secs(YEAR);
+/// The longest age (--older-than, --fail-if-oldest-over): a hundred years,
+/// well within what PostgreSQL subtracts from now().
+pub const MAX_AGE: Duration = Duration::from_secs(100 * YEAR);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "outbox-poll",
@@ -72,7 +87,7 @@ pub struct StatusArgs {
 
     /// Exit 1 when the oldest pending event is older than this.
     #[arg(long, value_name = "DURATION", env = "OUTBOX_FAIL_IF_OLDEST_OVER",
-          value_parser = parse_duration)]
+          value_parser = duration_up_to(MAX_AGE))]
     pub fail_if_oldest_over: Option<Duration>,
 }
 
@@ -92,7 +107,7 @@ pub struct RequeueArgs {
 pub struct PruneArgs {
     /// Delete events published longer ago than this (e.g. 7d).
     #[arg(long, value_name = "DURATION", env = "OUTBOX_PRUNE_OLDER_THAN",
-          value_parser = parse_duration)]
+          value_parser = duration_up_to(MAX_AGE))]
     pub older_than: Duration,
 
     /// Rows deleted per transaction, so no lock is held for long.
@@ -127,7 +142,7 @@ pub struct DatabaseArgs {
 
     /// Timeout for connecting to each of PostgreSQL and RabbitMQ.
     #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", global = true,
-          value_parser = parse_duration)]
+          value_parser = duration_up_to(MAX_TIMEOUT))]
     pub connect_timeout: Duration,
 }
 
@@ -157,6 +172,13 @@ pub struct PollArgs {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_size: u32,
 
+    /// Payload bytes a batch may hold, and all the batches a drain has in
+    /// flight together: past it a claim takes no more events (though always
+    /// its first). Bounds the memory a run needs.
+    #[arg(long, env = "OUTBOX_BATCH_BYTES", value_name = "SIZE", default_value = "16MiB",
+          value_parser = parse_bytes)]
+    pub batch_bytes: u64,
+
     /// Batch after batch, each its own transaction, until none is claimed.
     #[arg(long, env = "OUTBOX_DRAIN", action = ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
@@ -167,7 +189,7 @@ pub struct PollArgs {
     pub max_batches: Option<u64>,
 
     /// With --drain: start no new batch after this long.
-    #[arg(long, env = "OUTBOX_MAX_DURATION", value_parser = parse_duration)]
+    #[arg(long, env = "OUTBOX_MAX_DURATION", value_parser = duration_up_to(MAX_RUN))]
     pub max_duration: Option<Duration>,
 
     /// One publisher per table, strict id order, stop a batch at its first failure.
@@ -181,7 +203,7 @@ pub struct PollArgs {
 
     /// Time allowed for the whole batch's publisher confirms.
     #[arg(long, env = "OUTBOX_CONFIRM_TIMEOUT", default_value = "30s",
-          value_parser = parse_duration)]
+          value_parser = duration_up_to(MAX_TIMEOUT))]
     pub confirm_timeout: Duration,
 
     /// After the run, write Prometheus gauges to this file (written, then renamed).
@@ -208,6 +230,57 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// The largest --batch-bytes: a batch's payloads are in memory about twice
+/// over while it is published (the events, and the client's frames).
+pub const MAX_BATCH_BYTES: u64 = 1 << 30;
+
+/// `16MiB`, `500kB`, `1048576`: bytes, with an optional unit (kB, MB, GB
+/// count in thousands, KiB, MiB, GiB in 1024s), from 1 byte to 1GiB.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| "expected bytes, e.g. 16MiB, 500kB or 1048576".to_string())?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "kB" => 1_000,
+        "KiB" => 1 << 10,
+        "MB" => 1_000_000,
+        "MiB" => 1 << 20,
+        "GB" => 1_000_000_000,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?}: use B, kB, MB, GB, KiB, MiB or GiB"
+            ));
+        }
+    };
+    match number.checked_mul(scale) {
+        Some(bytes) if (1..=MAX_BATCH_BYTES).contains(&bytes) => Ok(bytes),
+        _ => Err("must be from 1 byte to 1GiB".into()),
+    }
+}
+
+/// parse_duration, refusing anything longer than `max`: a usage error that
+/// names the option and its maximum, never a panic or an overflow later.
+fn duration_up_to(
+    max: Duration,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |text| {
+        let duration = parse_duration(text)?;
+        if duration > max {
+            return Err(format!(
+                "longer than the {} this option allows",
+                humantime::format_duration(max)
+            ));
+        }
+        Ok(duration)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,5 +298,36 @@ mod tests {
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn byte_sizes_read_with_their_units() {
+        assert_eq!(parse_bytes("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_bytes("500kB"), Ok(500_000));
+        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+        assert_eq!(parse_bytes("1 GiB"), Ok(1 << 30));
+        for bad in ["0", "2GiB", "16XB", "MiB", "-1", "99999999999999999999"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_duration_past_its_options_maximum_is_refused_by_name() {
+        let timeout = duration_up_to(MAX_TIMEOUT);
+        assert_eq!(timeout("1day"), Ok(MAX_TIMEOUT));
+        assert_eq!(
+            timeout("25d"),
+            Err("longer than the 1day this option allows".into())
+        );
+        assert!(timeout("300000000000years").is_err());
+        let error = Cli::command()
+            .try_get_matches_from(["outbox-poll", "--connect-timeout", "300000000000years"])
+            .unwrap_err();
+        assert_eq!(error.kind(), clap::error::ErrorKind::ValueValidation);
+        let text = error.to_string();
+        assert!(
+            text.contains("--connect-timeout") && text.contains("1day"),
+            "{text}"
+        );
     }
 }

@@ -41,6 +41,8 @@ pub struct Database {
 pub struct Relay {
     pub broker: BrokerConfig,
     pub batch_size: i64,
+    /// Payload bytes one batch, and all a drain has in flight, may hold.
+    pub batch_bytes: i64,
     pub drain: bool,
     /// How many batches a drain may have in flight at once.
     pub in_flight: usize,
@@ -92,6 +94,8 @@ impl Relay {
                 confirm_timeout: args.confirm_timeout,
             },
             batch_size: i64::from(args.batch_size),
+            // At most 1 GiB, checked by clap.
+            batch_bytes: i64::try_from(args.batch_bytes).unwrap_or(i64::MAX),
             drain,
             in_flight: in_flight(args.batch_size, drain, args.ordered),
             max_batches: args.max_batches,
@@ -145,7 +149,14 @@ pub fn in_flight(batch_size: u32, drain: bool, ordered: bool) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{Duration, batch_idle_limit_of, in_flight};
+    use super::{Duration, MAX_IN_FLIGHT, batch_idle_limit_of, in_flight};
+    use crate::cli::MAX_TIMEOUT;
+
+    #[test]
+    fn the_longest_timeouts_keep_the_idle_limit_within_postgresqls_int_of_milliseconds() {
+        let longest = batch_idle_limit_of(MAX_TIMEOUT, MAX_TIMEOUT, MAX_IN_FLIGHT);
+        assert!(longest.as_millis() <= i32::MAX as u128, "{longest:?}");
+    }
 
     #[test]
     fn the_idle_limit_grows_with_the_batches_in_flight() {

@@ -6,7 +6,8 @@
 //! run from the command line to the exit code:
 //!
 //! - [`cli`] and [`config`]: the command line, then the typed settings
-//!   every value is checked into before anything connects;
+//!   every value is checked into before anything connects; [`environment`]:
+//!   the options' variables, read as the contract says;
 //! - [`connect`]: reaching PostgreSQL and RabbitMQ, and naming them in
 //!   messages without a password;
 //! - [`relay`]: what happens in one run: claim a batch, publish it, mark
@@ -26,6 +27,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod connect;
+pub mod environment;
 pub mod exit;
 pub mod guard;
 pub mod relay;

@@ -5,17 +5,15 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::Parser;
-
 use outbox_poll::cli::{Cli, Command};
 use outbox_poll::commands::{generate, migrate, prune, requeue, status};
 use outbox_poll::config::{Database, Relay};
 use outbox_poll::connect::libpq::process_env;
 use outbox_poll::exit::Exit;
-use outbox_poll::{relay, report};
+use outbox_poll::{environment, relay, report};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = environment::parse();
     report::logging::init(cli.verbose);
     report::panic::one_line();
     match run(&cli) {

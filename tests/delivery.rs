@@ -1,6 +1,7 @@
 //! What the broker says about each event decides what happens to its row:
-//! confirmed events are marked, nacked and returned ones count an attempt
-//! and back off, dead ones are never claimed, concurrent runs never share.
+//! confirmed events are marked, returned ones count an attempt and back
+//! off, nacked ones back off without counting one, dead ones are never
+//! claimed, concurrent runs never share.
 
 use std::collections::HashSet;
 use std::process::Stdio;
@@ -120,24 +121,36 @@ fn returns_fail_exactly_the_unroutable_events_of_a_large_batch() {
     assert_eq!(arrived, expected);
 }
 
-#[test]
-fn nacked_events_count_an_attempt_and_the_rest_are_marked() {
-    let mut fx = Fixture::new("nacked");
-    // A queue that holds two messages and makes the broker nack the rest.
+/// A queue of the fixture's exchange that holds `room` messages and makes
+/// the broker nack the rest, as a quorum queue without a majority nacks
+/// every one.
+fn nacking_queue(fx: &Fixture, room: i32) -> String {
     let mut arguments = FieldTable::default();
-    arguments.insert("x-max-length".into(), AMQPValue::LongInt(2));
+    arguments.insert("x-max-length".into(), AMQPValue::LongInt(room));
     arguments.insert(
         "x-overflow".into(),
         AMQPValue::LongString("reject-publish".into()),
     );
     let full = format!("{}_full", fx.queue);
     fx.amqp.declare_with(&full, &full, "#", arguments);
+    full
+}
+
+#[test]
+fn nacked_events_count_no_attempt_back_off_and_the_rest_are_marked() {
+    let mut fx = Fixture::new("nacked");
+    let full = nacking_queue(&fx, 2);
     fx.insert("e", 5);
 
     let run = fx.run(&["--exchange", &full, "--json"]);
     fx.amqp.delete(&full, &full);
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert_eq!((run.field("published"), run.field("failed")), (2, 3));
+    assert!(
+        run.stderr.contains("not counted as an attempt"),
+        "{}",
+        run.stderr
+    );
     let rows = fx.rows();
     let states: Vec<(bool, i32)> = rows
         .iter()
@@ -145,11 +158,74 @@ fn nacked_events_count_an_attempt_and_the_rest_are_marked() {
         .collect();
     assert_eq!(
         states,
-        [(true, 0), (true, 0), (false, 1), (false, 1), (false, 1)]
+        [(true, 0), (true, 0), (false, 0), (false, 0), (false, 0)]
     );
-    assert!(rows[2..].iter().all(
-        |row| row.last_error.as_deref() == Some("nacked by the broker") && row.due_in_s > 0.0
-    ));
+    for row in &rows[2..] {
+        let error = row.last_error.as_deref().unwrap_or_default();
+        assert!(
+            error.starts_with("nacked by the broker (not counted as an attempt)"),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn a_nacked_event_waits_15_to_30_seconds_whatever_its_attempts() {
+    let mut fx = Fixture::new("nack_backoff");
+    let full = nacking_queue(&fx, 0);
+    fx.insert("e", 20);
+    // Attempts keep the event's own backoff for its own failures: a nack
+    // neither reads nor changes them.
+    fx.execute("UPDATE {table} SET attempts = 5 WHERE id % 2 = 0");
+    let before = fx.clock();
+    let run = fx.run(&["--exchange", &full, "--batch-size", "20"]);
+    let after = fx.clock();
+    fx.amqp.delete(&full, &full);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let sql = format!(
+        "SELECT attempts, extract(epoch FROM available_at - $1)::float8, \
+                extract(epoch FROM available_at - $2)::float8 FROM {} ORDER BY id",
+        fx.quoted_table()
+    );
+    let waits: Vec<(i32, f64, f64)> = fx
+        .db
+        .query(&sql, &[&before, &after])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    for (n, (attempts, since_before, since_after)) in waits.iter().enumerate() {
+        assert_eq!(*attempts, if n % 2 == 1 { 5 } else { 0 }, "{waits:?}");
+        assert!(*since_before >= 15.0 && *since_after < 30.0, "{waits:?}");
+    }
+}
+
+#[test]
+fn a_drain_over_a_broker_that_nacks_everything_offers_each_event_once() {
+    let mut fx = Fixture::new("nack_drain");
+    let full = nacking_queue(&fx, 0);
+    // Batches of one: a drain of some seconds, longer than the first step
+    // of the attempt-keyed backoff (1-2 s), which a nack must not use.
+    fx.insert("e", 300);
+    let run = fx.run(&[
+        "--exchange",
+        &full,
+        "--drain",
+        "--batch-size",
+        "1",
+        "--json",
+    ]);
+    fx.amqp.delete(&full, &full);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(
+        (
+            run.field("claimed"),
+            run.field("failed"),
+            run.field("published")
+        ),
+        (300, 300, 0)
+    );
+    assert!(fx.rows().iter().all(|row| row.attempts == 0));
 }
 
 #[test]
@@ -184,6 +260,26 @@ fn backoff_grows_with_attempts_and_is_capped() {
     {
         assert!(*since_before >= low && *since_after < high, "{delays:?}");
     }
+}
+
+#[test]
+fn events_that_fail_together_come_back_spread_over_the_jitter() {
+    let mut fx = Fixture::new("jitter");
+    fx.route_only("none");
+    fx.insert("e", 50);
+    let run = fx.run(&["--batch-size", "50"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let due: Vec<f64> = fx.rows().iter().map(|row| row.due_in_s).collect();
+    let (low, high) = due.iter().fold((f64::MAX, f64::MIN), |(low, high), d| {
+        (low.min(*d), high.max(*d))
+    });
+    // 2 s times a factor uniform in [0.5, 1): fifty draws spread over most
+    // of the second between 1 and 2 s (under a quarter of it: 1 in 10^28).
+    assert!(
+        high - low > 0.25,
+        "all back within {} s: {due:?}",
+        high - low
+    );
 }
 
 #[test]

@@ -45,6 +45,25 @@ fn database_down_exits_69() {
 }
 
 #[test]
+fn a_login_refused_by_postgresql_exits_78() {
+    let mut fx = Fixture::new("no_such_role");
+    fx.insert("e", 1);
+    // The server refuses the startup: SQLSTATE 28000, role does not exist.
+    let url =
+        crate::common::database_url().replacen("postgres@", "outbox_poll_no_such_role:s3cr3t@", 1);
+    let run = fx.run(&["--database-url", &url]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(
+        run.stderr.contains("outbox_poll_no_such_role"),
+        "{}",
+        run.stderr
+    );
+    assert_no_secret(&run, "s3cr3t");
+    assert!(fx.rows().iter().all(|row| !row.published));
+}
+
+#[test]
 fn missing_table_exits_78_naming_it_and_migrate() {
     let fx = Fixture::bare("missing_table");
     let run = fx.run(&[]);

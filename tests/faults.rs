@@ -587,6 +587,31 @@ fn sigterm_during_a_drain_finishes_the_batch_starts_no_other_and_exits_143() {
 }
 
 #[test]
+fn sigterm_during_an_ordered_drain_claims_no_next_batch_even_one_a_held_row_would_block() {
+    let mut fx = Fixture::new("sigterm_ordered");
+    fx.insert("e", 200);
+    // The ordered claim waits for a locked row rather than skip it: a
+    // claim of the second batch would wait on e-150, then fail.
+    let held = fx.hold_row("e-150");
+    let broker = Proxy::start(amqp_addr());
+    broker.stall_upstream_after(STALL_AT); // inside the first batch
+    let env = env_via(Some(&broker), None);
+    let since = Instant::now();
+    let args = ["--ordered", "--drain", "--batch-size", "100", "--json"];
+    let child = spawn(&fx, &env, &args);
+    assert!(broker.wait_for_upstream(STALL_AT, NO_HANG));
+    signal(&child, "-TERM");
+    sleep(Duration::from_millis(300));
+    broker.resume();
+    let done = finish(child, since);
+    held.release();
+    assert_eq!(done.code, 143, "{}", done.stderr);
+    assert_eq!(done.stderr, "", "nothing failed");
+    assert_eq!((done.field("batches"), done.field("published")), (1, 100));
+    assert!(done.took < NO_HANG, "took {:?}", done.took);
+}
+
+#[test]
 fn sigint_during_a_drain_before_publishing_rolls_back_and_exits_130() {
     let mut fx = Fixture::new("sigint");
     fx.insert("e", 10);
@@ -685,7 +710,7 @@ fn assert_only_poison_failed(fx: &mut Fixture, poison_id: &str, reason: &str) {
 }
 
 #[test]
-fn nacked_event_counts_against_itself_only_and_is_dead_after_max_attempts() {
+fn nacked_event_counts_no_attempt_and_nacks_never_make_it_dead() {
     let mut fx = Fixture::new("poison_nack");
     fx.route_only("ok.#");
     let mut arguments = FieldTable::default();
@@ -697,25 +722,28 @@ fn nacked_event_counts_against_itself_only_and_is_dead_after_max_attempts() {
     let _full = ExtraQueue::new(&fx, "full", arguments, "full.#");
     insert_around(&mut fx, "full-1", "full.created");
 
-    let run = fx.run(&["--json", "--max-attempts", "2"]);
-    assert_eq!(run.code, 1, "{}", run.stderr);
-    assert_eq!((run.field("published"), run.field("failed")), (6, 1));
-    assert_only_poison_failed(&mut fx, "full-1", "nacked");
-
-    // Second and last attempt (the backoff skipped), then dead.
-    fx.execute("UPDATE {table} SET available_at = now()");
-    let run = fx.run(&["--json", "--max-attempts", "2"]);
-    assert_eq!((run.code, run.field("failed")), (1, 1), "{}", run.stderr);
-    fx.execute("UPDATE {table} SET available_at = now()");
-    fx.insert_event("ok-7", "ok.created", "{}");
-    let run = fx.run(&["--json", "--max-attempts", "2"]);
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_eq!(run.field("claimed"), 1, "the dead event is never claimed");
+    // Three runs past --max-attempts 2 (the backoff skipped each time): a
+    // broker that keeps declining an event never makes it dead.
+    for _ in 0..3 {
+        let run = fx.run(&["--json", "--max-attempts", "2"]);
+        assert_eq!(run.code, 1, "{}", run.stderr);
+        assert_eq!(run.field("failed"), 1);
+        let rows = fx.rows();
+        let nacked = row(&rows, "full-1");
+        assert_eq!((nacked.published, nacked.attempts), (false, 0));
+        assert!(nacked.due_in_s > 0.0, "a nacked event backs off");
+        fx.execute("UPDATE {table} SET available_at = now()");
+    }
     let rows = fx.rows();
-    assert_eq!(row(&rows, "full-1").attempts, 2);
-    assert!(!row(&rows, "full-1").published);
-    assert!(row(&rows, "ok-7").published);
-    assert_eq!(fx.arrivals().get("ok-7"), Some(&1));
+    assert!(
+        rows.iter()
+            .filter(|row| row.event_id != "full-1")
+            .all(|row| row.published && row.attempts == 0)
+    );
+    let mut ledger = Ledger::default();
+    ledger.collect(&fx);
+    assert_eq!(ledger.count("ok-1"), 1);
+    assert_eq!(ledger.count("full-1"), 0);
 }
 
 #[test]
@@ -772,7 +800,10 @@ fn oversized_event_closes_the_channel_yet_only_it_fails_and_then_it_is_dead() {
         fx.insert_event(&format!("ok-{n}"), "ok.created", r#"{"n": 1}"#);
     }
 
-    let run = fx.run(&["--json", "--max-attempts", "1", "--confirm-timeout", "60s"]);
+    // All seven in one batch, the events after big-1 on the wire behind it:
+    // --batch-bytes would otherwise end the batch at big-1.
+    let args = ["--json", "--max-attempts", "1", "--confirm-timeout", "60s"];
+    let run = fx.run(&[&args[..], &["--batch-bytes", "1GiB"]].concat());
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert_eq!((run.field("published"), run.field("failed")), (6, 1));
     assert_only_poison_failed(&mut fx, "big-1", "closed the channel");
@@ -782,4 +813,60 @@ fn oversized_event_closes_the_channel_yet_only_it_fails_and_then_it_is_dead() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.field("claimed"), 1, "the dead event is never claimed");
     assert_eq!(fx.arrivals().get("ok-7"), Some(&1));
+}
+
+/// The simple-query message the relay sends to commit a batch.
+const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+#[test]
+fn a_commit_whose_answer_is_lost_says_its_outcome_is_unknown() {
+    let mut fx = Fixture::new("commit_lost");
+    fx.insert("e", 10);
+    let db = Proxy::start(database_addr());
+    db.cut_after_sending(COMMIT);
+    let metrics =
+        std::env::temp_dir().join(format!("outbox-poll-{}-commit.prom", std::process::id()));
+    let env = env_via(None, Some(&db));
+    let done = run(
+        &fx,
+        &env,
+        &["--json", "--metrics-file", metrics.to_str().unwrap()],
+    );
+    let gauges = std::fs::read_to_string(&metrics).unwrap_or_default();
+    let _ = std::fs::remove_file(&metrics);
+    assert_eq!(done.code, 69, "{}", done.stderr);
+    // The metrics file says it has no backlog (the connection is gone),
+    // then the one error line.
+    let error = done.stderr.lines().last().unwrap_or_default();
+    assert!(
+        error.starts_with("outbox-poll: error: committing the batch")
+            && error.contains("the commit's outcome is unknown"),
+        "{}",
+        done.stderr
+    );
+    assert!(
+        !done.stderr.contains("nothing was marked"),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(
+        (
+            done.field("claimed"),
+            done.field("published"),
+            done.field("failed"),
+            done.field("unknown")
+        ),
+        (10, 0, 0, 10)
+    );
+    assert!(
+        gauges.contains("outbox_poll_last_run_unknown{") && gauges.contains("} 10\n"),
+        "{gauges}"
+    );
+    // The server had the COMMIT: every row is marked, and arrived once.
+    assert!(
+        wait_until(NO_HANG, || fx.published_count() == 10),
+        "{:?}",
+        fx.rows()
+    );
+    assert_eq!(fx.arrivals().len(), 10);
 }

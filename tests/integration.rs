@@ -6,12 +6,15 @@
 mod common;
 
 mod delivery;
+mod environment;
 mod errors;
 mod faults;
 mod generated;
 mod infra;
+mod memory;
 mod metrics;
 mod migrate;
+mod odd_rows;
 mod operators;
 mod ordered;
 mod output;
@@ -21,3 +24,5 @@ mod poll;
 mod privileges;
 mod progress;
 mod readme;
+mod refusals;
+mod soak;

@@ -78,6 +78,7 @@ fn metrics_file_has_the_runs_figures_and_the_backlog() {
         "last_run_claimed",
         "last_run_published",
         "last_run_failed",
+        "last_run_unknown",
         "pending",
         "due",
         "retrying",
@@ -94,6 +95,7 @@ fn metrics_file_has_the_runs_figures_and_the_backlog() {
             ("last_run_claimed", 3.0),
             ("last_run_published", 3.0),
             ("last_run_failed", 0.0),
+            ("last_run_unknown", 0.0),
             ("pending", 1.0),
             ("due", 1.0),
             ("retrying", 0.0),
@@ -106,7 +108,7 @@ fn metrics_file_has_the_runs_figures_and_the_backlog() {
     let ended = values["last_run_timestamp_seconds"];
     assert!(ended >= before.floor() && ended < before + 60.0, "{ended}");
     assert!(values["last_run_duration_seconds"] < 60.0);
-    assert_eq!(values.len(), 12);
+    assert_eq!(values.len(), 13);
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common::proxy::Proxy;
 use crate::common::{
-    Fixture, amqp_addr, amqp_url_via, database_addr, database_url_via, wait_until,
+    Fixture, amqp_addr, amqp_url_via, database_addr, database_url_via, row, wait_until,
 };
 
 #[test]
@@ -117,15 +117,15 @@ fn sessions_holding_rows(fx: &mut Fixture) -> i64 {
     fx.db.query_one(&sql, &[]).unwrap().get(0)
 }
 
-/// Drains in batches of `batch` through a broker that takes the first
-/// `through` bytes and then hears nothing more: the first batches are
-/// confirmed, their sessions and channels are reused, and the drain is
-/// caught with every batch it may have in flight awaiting its confirms.
-/// Returns whether `expected` sessions were seen holding rows at once, and
-/// how many PostgreSQL connections the run opened in all.
+/// Drains (with `args`, --batch-size among them) through a broker that
+/// takes the first `through` bytes and then hears nothing more: the first
+/// batches are confirmed, their sessions and channels are reused, and the
+/// drain is caught with every batch it may have in flight awaiting its
+/// confirms. Returns whether `expected` sessions were seen holding rows at
+/// once, and how many PostgreSQL connections the run opened in all.
 fn in_flight_when_the_broker_stalls(
     fx: &mut Fixture,
-    batch: &str,
+    args: &[&str],
     through: u64,
     expected: i64,
 ) -> (bool, usize) {
@@ -140,7 +140,8 @@ fn in_flight_when_the_broker_stalls(
     let mut child = fx
         .command()
         .envs(env)
-        .args(["--drain", "--batch-size", batch, "--confirm-timeout", "5s"])
+        .args(["--drain", "--confirm-timeout", "5s"])
+        .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -161,7 +162,8 @@ fn a_drain_of_small_batches_holds_four_in_flight_on_four_sessions() {
     let mut fx = Fixture::new("pipeline_four_in_flight");
     fx.insert("e", 400);
     // Batches of 20 take about 6.5 KB on the wire: some 9 get through.
-    let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, "20", 60_000, 4);
+    let (seen, connections) =
+        in_flight_when_the_broker_stalls(&mut fx, &["--batch-size", "20"], 60_000, 4);
     assert!(seen, "four transactions never held rows at once");
     assert_eq!(connections, 4);
 }
@@ -171,9 +173,69 @@ fn a_drain_of_large_batches_holds_two_in_flight_on_two_sessions() {
     let mut fx = Fixture::new("pipeline_two_in_flight");
     fx.insert("e", 4_000);
     // Batches of 400 take about 130 KB on the wire: some 3 get through.
-    let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, "400", 400_000, 2);
+    let (seen, connections) =
+        in_flight_when_the_broker_stalls(&mut fx, &["--batch-size", "400"], 400_000, 2);
     assert!(seen, "two transactions never held rows at once");
     assert_eq!(connections, 2);
+}
+
+#[test]
+fn a_drain_holds_no_more_payload_bytes_in_flight_than_batch_bytes() {
+    let mut fx = Fixture::new("pipeline_bytes_in_flight");
+    fx.execute(
+        "INSERT INTO {table} (event_id, event_type, payload) \
+         SELECT 'e-' || g, 'order.created', jsonb_build_object('blob', repeat('x', 10000)) \
+         FROM generate_series(1, 40) g",
+    );
+    // Full batches of three 10 kB events: by count the drain would keep
+    // four in flight, but the first already holds more than 25 kB.
+    let args = ["--batch-size", "3", "--batch-bytes", "25kB"];
+    let (seen, connections) = in_flight_when_the_broker_stalls(&mut fx, &args, 5_000, 1);
+    assert!(seen, "more than one batch was in flight");
+    assert_eq!(connections, 1);
+}
+
+#[test]
+fn a_batch_that_fails_to_mark_still_lets_the_batches_in_flight_behind_it_be_marked() {
+    let mut fx = Fixture::new("pipeline_mark_fails");
+    fx.insert("e", 60);
+    // The second batch (e-11 .. e-20) cannot be marked: a failure of
+    // PostgreSQL's, not the broker's, with batches sent behind it.
+    fx.execute(&format!(
+        "CREATE FUNCTION \"{schema}\".refuse_e15() RETURNS trigger LANGUAGE plpgsql AS $$ \
+           BEGIN \
+             IF NEW.event_id = 'e-15' AND NEW.published_at IS NOT NULL THEN \
+               RAISE EXCEPTION 'the test refuses to mark e-15'; \
+             END IF; \
+             RETURN NEW; \
+           END $$; \
+         CREATE TRIGGER refuse_e15 BEFORE UPDATE ON {{table}} \
+           FOR EACH ROW EXECUTE FUNCTION \"{schema}\".refuse_e15();",
+        schema = fx.schema
+    ));
+    let run = fx.run(&["--drain", "--batch-size", "10", "--json"]);
+    assert_eq!(run.code, 69, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("refuses to mark e-15"),
+        "{}",
+        run.stderr
+    );
+    let arrived = fx.arrivals();
+    let rows = fx.rows();
+    let in_the_failed_batch = |id: &str| (11..=20).any(|n| id == format!("e-{n}"));
+    let unmarked: Vec<&str> = rows
+        .iter()
+        .filter(|row| arrived.contains_key(&row.event_id) && !row.published)
+        .map(|row| row.event_id.as_str())
+        .filter(|id| !in_the_failed_batch(id))
+        .collect();
+    assert_eq!(
+        unmarked,
+        Vec::<&str>::new(),
+        "sent, confirmed, yet not marked"
+    );
+    // Batches three and four were in flight when the second failed.
+    assert!((21..=40).all(|n| row(&rows, &format!("e-{n}")).published));
 }
 
 #[test]

@@ -178,6 +178,19 @@ fn a_drain_claims_a_row_it_passed_while_another_run_held_it_before_it_ends() {
 }
 
 #[test]
+fn a_drain_whose_claims_all_came_back_full_claims_from_the_head_before_it_ends() {
+    let mut fx = Fixture::new("drain_last_head_claim");
+    // e-1 is held; the other 40 make exactly four full batches of ten, so
+    // no claim comes back partial, and only a claim from the head of the
+    // table, the last before the drain ends, can find e-1 once released.
+    fx.insert("e", 41);
+    let run = drain_past_a_held_row(&mut fx, "10");
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.field("published"), 41);
+    assert_eq!(fx.arrivals().get("e-1"), Some(&1));
+}
+
+#[test]
 fn a_row_a_drain_passed_does_not_wait_for_the_drain_to_end() {
     let mut fx = Fixture::new("drain_passed_row_soon");
     // 2,000 batches of one: seconds of draining after e-1 is released.

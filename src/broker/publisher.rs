@@ -17,7 +17,7 @@ use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::runtime::Runtime;
 use tokio::time::{Instant, timeout, timeout_at};
 
-use crate::broker::round::{Issued, await_round, issue_round, publish_round};
+use crate::broker::round::{Issued, Round, await_round, issue_round, publish_round};
 use crate::cli::ExchangeKind;
 use crate::connect::amqp_url::describe_broker;
 use crate::exit::{self, classify};
@@ -42,12 +42,62 @@ pub struct BrokerConfig {
 pub struct Outcome {
     /// Row ids the broker confirmed: mark them published.
     pub confirmed: Vec<i64>,
-    /// Row ids the broker nacked or returned, with the reason: count an attempt.
+    /// Row ids that failed by their own fault (returned unroutable, the
+    /// channel closed over them, not sendable at all), with the reason:
+    /// count an attempt.
     pub failed: Vec<(i64, String)>,
-    /// Set when the connection failed or confirms did not come back in time.
-    /// The events neither confirmed nor failed were not the events' fault
-    /// and must be left exactly as they were.
+    /// Row ids the broker nacked (declined for now): back off, but count no
+    /// attempt.
+    pub declined: Vec<i64>,
+    /// Set when the batch could not be finished: the connection failed,
+    /// confirms did not come back in time, or the broker refused for a
+    /// reason of permissions or configuration (the error's kind says which:
+    /// exit 69 or 78). The events neither confirmed nor failed were not the
+    /// events' fault and must be left exactly as they were.
     pub outage: Option<anyhow::Error>,
+}
+
+impl Outcome {
+    /// Adds what a round settled.
+    fn absorb(&mut self, round: &mut Round) {
+        self.confirmed.append(&mut round.confirmed);
+        self.failed.append(&mut round.failed);
+        self.declined.append(&mut round.declined);
+    }
+}
+
+/// What a round that ended in an error (other than a timeout) means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// The event published alone made the broker close the channel over
+    /// its content: the event's own failure.
+    Blame,
+    /// Some event of a pipelined round may have made the broker close the
+    /// channel: only a round of one event can tell which.
+    Isolate,
+    /// The broker refused for a reason of permissions or configuration,
+    /// which no retry gets past (exit 78).
+    Refused,
+    /// The connection failed, or the broker failed for a reason of its own
+    /// (exit 69).
+    Outage,
+}
+
+/// The verdict on a round's error: `refusal` is what the broker's reply
+/// code says (None when the error is not the broker's word at all: a
+/// socket, a channel already closed), `connected` whether the connection
+/// is still up, `alone` whether the round was one event. A message is
+/// blamed only on the broker's own refusal of it, with the connection up:
+/// when a socket dies, lapin fails the pending publishes before it marks
+/// the connection lost, and nothing may be blamed on an event for that.
+fn verdict(refusal: Option<classify::Cause>, connected: bool, alone: bool) -> Verdict {
+    use classify::Cause;
+    match refusal {
+        Some(Cause::Config) => Verdict::Refused,
+        Some(Cause::Message) if connected && alone => Verdict::Blame,
+        Some(Cause::Message) | None if connected && !alone => Verdict::Isolate,
+        _ => Verdict::Outage,
+    }
 }
 
 pub struct Publisher {
@@ -160,7 +210,8 @@ impl Publisher {
     /// which message it was, so after such an error the first unresolved
     /// event is published alone on a fresh channel: if it closes the channel
     /// again it is the culprit and fails; otherwise the rest go out pipelined
-    /// again. Each round settles at least one event, so this ends.
+    /// again. Each round settles at least one event, so this ends. A refusal
+    /// about permissions or configuration, or an outage, ends the batch.
     fn resolve_rounds(
         &mut self,
         mut channel: Channel,
@@ -174,20 +225,23 @@ impl Publisher {
         let mut sent = rest.len();
         let mut alone = false;
         loop {
-            outcome.confirmed.extend(result.confirmed);
-            outcome.failed.extend(result.failed);
-            if let Some(error) = result.error {
-                if result.timed_out || !self.channel_closed_by_broker(&error, alone) {
-                    outcome.outage = Some(self.outage(error, result.timed_out));
-                    return outcome; // the channel goes with the connection
+            outcome.absorb(&mut result);
+            if let Some(error) = result.error.take() {
+                match self.judge(&error, result.timed_out, alone) {
+                    Ok(Verdict::Blame) => {
+                        outcome.failed.push(culprit(rest.remove(0), &error));
+                        alone = false;
+                    }
+                    Ok(_) => {
+                        // The round was all of `rest`: what it left unresolved remains.
+                        rest.retain(|event| result.unresolved.contains(&event.id));
+                        alone = true;
+                    }
+                    Err(stop) => {
+                        outcome.outage = Some(stop);
+                        return outcome; // the channel is closed, or goes with the connection
+                    }
                 }
-                if alone {
-                    outcome.failed.push(culprit(rest.remove(0), &error));
-                } else {
-                    // The round was all of `rest`: what it left unresolved remains.
-                    rest.retain(|event| result.unresolved.contains(&event.id));
-                }
-                alone = !alone;
                 match self.open_channel_by(deadline) {
                     Ok(reopened) => channel = reopened,
                     Err(error) => {
@@ -216,9 +270,9 @@ impl Publisher {
     }
 
     /// --ordered: one event at a time, each confirmed before the next is
-    /// sent, stopping at the first failure. Pipelining would put events
-    /// behind a failed one on the wire before we knew it had failed, and
-    /// consumers of an ordered stream must never see them out of order.
+    /// sent, stopping at the first failure or nack. Pipelining would put
+    /// events behind a failed one on the wire before we knew it had failed,
+    /// and consumers of an ordered stream must never see them out of order.
     fn publish_in_order(&mut self, events: &[Event]) -> Outcome {
         let deadline = Instant::now() + self.config.confirm_timeout;
         let mut outcome = Outcome::default();
@@ -230,18 +284,17 @@ impl Publisher {
             }
         };
         for event in events {
-            let result = self.runtime.block_on(publish_round(
+            let mut result = self.runtime.block_on(publish_round(
                 &channel,
                 &self.config.exchange,
                 &[event],
                 deadline,
             ));
-            outcome.confirmed.extend(result.confirmed);
-            let failed = !result.failed.is_empty();
-            outcome.failed.extend(result.failed);
+            let stopped = !result.failed.is_empty() || !result.declined.is_empty();
+            outcome.absorb(&mut result);
             if let Some(error) = result.error {
-                if result.timed_out || !self.channel_closed_by_broker(&error, true) {
-                    outcome.outage = Some(self.outage(error, result.timed_out));
+                if let Err(stop) = self.judge(&error, result.timed_out, true) {
+                    outcome.outage = Some(stop);
                     return outcome;
                 }
                 outcome.failed.push(culprit(event, &error));
@@ -254,7 +307,7 @@ impl Publisher {
                 }
                 break;
             }
-            if failed {
+            if stopped {
                 break;
             }
         }
@@ -273,17 +326,23 @@ impl Publisher {
         self.runtime.shutdown_background();
     }
 
-    /// Whether `error` is the broker closing our channel (the connection
-    /// still up), rather than the connection failing. When a socket dies,
-    /// lapin fails the pending publishes before it marks the connection as
-    /// lost, so "connected" alone could blame an event for an outage. Before
-    /// blaming a single message (`blame`), the error must therefore be the
-    /// broker's own channel-level refusal, an AMQP soft error.
-    fn channel_closed_by_broker(&self, error: &anyhow::Error, blame: bool) -> bool {
-        let soft = error
+    /// What a round's error means for the batch (see `verdict`): the
+    /// verdict when the batch goes on, or the error that ends it.
+    fn judge(&self, error: &anyhow::Error, timed_out: bool, alone: bool) -> Result<Verdict> {
+        if timed_out {
+            return Err(self.outage(error, true));
+        }
+        // Over a publish, a reply code can be about the message itself.
+        let reply = error
             .downcast_ref::<lapin::Error>()
-            .is_some_and(lapin::Error::is_amqp_soft_error);
-        self.connection.status().connected() && (soft || !blame)
+            .and_then(reply_code)
+            .map(classify::amqp_publish);
+        let connected = self.connection.status().connected();
+        match verdict(reply, connected, alone) {
+            Verdict::Refused => Err(self.refused(error)),
+            Verdict::Outage => Err(self.outage(error, false)),
+            goes_on => Ok(goes_on),
+        }
     }
 
     /// An idle channel, or a new one (each batch in flight has its own),
@@ -317,10 +376,10 @@ impl Publisher {
             .block_on(async {
                 timeout_at(deadline, open_channel(&self.connection, &self.config)).await
             })
-            .map_err(|_| self.outage(anyhow!("reopening the channel"), true))?
+            .map_err(|_| self.outage(&anyhow!("reopening the channel"), true))?
     }
 
-    fn outage(&self, error: anyhow::Error, timed_out: bool) -> anyhow::Error {
+    fn outage(&self, error: &anyhow::Error, timed_out: bool) -> anyhow::Error {
         let broker = describe_broker(&self.config.uri);
         if timed_out {
             exit::outage(anyhow!(
@@ -328,12 +387,30 @@ impl Publisher {
                  unconfirmed events were left as they were and will be retried",
                 humantime::format_duration(self.config.confirm_timeout)
             ))
+        } else if self.connection.status().connected() {
+            exit::outage(anyhow!(
+                "RabbitMQ at {broker} closed the channel while publishing: {error}; \
+                 unconfirmed events were left as they were and will be retried"
+            ))
         } else {
             exit::outage(anyhow!(
                 "lost the connection to RabbitMQ at {broker} while publishing: {error}; \
                  unconfirmed events were left as they were and will be retried"
             ))
         }
+    }
+
+    /// The broker refused the publishes for a reason a rerun cannot get
+    /// past: a user without write permission on the exchange, an internal
+    /// exchange, an exchange deleted while the run went on.
+    fn refused(&self, error: &anyhow::Error) -> anyhow::Error {
+        let broker = describe_broker(&self.config.uri);
+        let exchange = &self.config.exchange;
+        exit::config(anyhow!(
+            "RabbitMQ at {broker} refused the publishes to exchange {exchange:?}: {error}; check \
+             that the exchange exists and is not internal, and that the user may write to it; \
+             unconfirmed events were left as they were (no attempt counted)"
+        ))
     }
 }
 
@@ -434,8 +511,55 @@ fn connect_error(error: &lapin::Error, broker: &str) -> anyhow::Error {
 /// None when the error is not the broker's word at all (a socket, a
 /// timeout).
 fn refusal(error: &lapin::Error) -> Option<classify::Cause> {
+    reply_code(error).map(classify::amqp)
+}
+
+/// The reply code of the broker's connection.close or channel.close behind
+/// `error`, if it is one.
+fn reply_code(error: &lapin::Error) -> Option<u16> {
     match error.kind() {
-        lapin::ErrorKind::ProtocolError(amqp) => Some(classify::amqp(amqp.get_id())),
+        lapin::ErrorKind::ProtocolError(amqp) => Some(amqp.get_id()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::classify::Cause;
+    use super::{Verdict, verdict};
+
+    #[test]
+    fn only_the_brokers_refusal_of_a_message_published_alone_blames_it() {
+        assert_eq!(verdict(Some(Cause::Message), true, true), Verdict::Blame);
+        for (refusal, connected) in [
+            (None, true),
+            (Some(Cause::Outage), true),
+            (Some(Cause::Message), false),
+            (None, false),
+        ] {
+            assert_eq!(
+                verdict(refusal, connected, true),
+                Verdict::Outage,
+                "{refusal:?}, connected: {connected}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_close_in_a_pipelined_round_is_isolated_unless_it_is_a_refusal_or_an_outage() {
+        assert_eq!(verdict(Some(Cause::Message), true, false), Verdict::Isolate);
+        assert_eq!(verdict(None, true, false), Verdict::Isolate);
+        assert_eq!(verdict(Some(Cause::Outage), true, false), Verdict::Outage);
+        assert_eq!(verdict(None, false, false), Verdict::Outage);
+    }
+
+    #[test]
+    fn a_refusal_about_permissions_or_configuration_is_never_an_events_fault() {
+        for (connected, alone) in [(true, true), (true, false), (false, true), (false, false)] {
+            assert_eq!(
+                verdict(Some(Cause::Config), connected, alone),
+                Verdict::Refused
+            );
+        }
     }
 }

@@ -14,18 +14,48 @@ use lapin::types::ShortString;
 use lapin::{Channel, Confirmation, PublisherConfirm};
 use tokio::time::{Instant, timeout_at};
 
-use crate::broker::message::{properties, short_strings};
+use crate::broker::message::{addressed, properties};
 use crate::sql::outbox::Event;
+
+/// What a nack records in last_error: the broker declined the message for
+/// now, which is no failure of the event's own.
+pub const NACKED: &str = "nacked by the broker (not counted as an attempt): the queue declined \
+     the message for now (a queue full with x-overflow=reject-publish, a quorum queue without \
+     a majority); it is retried after a backoff";
 
 /// The result of one pipelined round.
 #[derive(Default)]
 pub struct Round {
     pub confirmed: Vec<i64>,
+    /// The event's own failures (unroutable, or not sendable at all): count
+    /// an attempt.
     pub failed: Vec<(i64, String)>,
+    /// Row ids the broker nacked: back off, count no attempt.
+    pub declined: Vec<i64>,
     /// Row ids with no answer from the broker.
     pub unresolved: HashSet<i64>,
     pub error: Option<anyhow::Error>,
     pub timed_out: bool,
+}
+
+impl Round {
+    /// Keeps the first error of the round, except that the broker's own
+    /// word (an AMQP reply code) replaces one that is not: when the broker
+    /// closes the channel, a publish issued after the close fails as "the
+    /// channel is closed" before the confirms pending on it fail with the
+    /// close's reply code, and the reply code is what says whose fault the
+    /// close was.
+    fn note(&mut self, error: anyhow::Error) {
+        let brokers = |error: &anyhow::Error| {
+            error
+                .downcast_ref::<lapin::Error>()
+                .is_some_and(lapin::Error::is_amqp_error)
+        };
+        match &self.error {
+            Some(kept) if brokers(kept) || !brokers(&error) => {}
+            _ => self.error = Some(error),
+        }
+    }
 }
 
 /// Publishes in flight at once: enough to keep the socket full, few enough
@@ -67,12 +97,12 @@ pub async fn issue_round(
     deadline: Instant,
 ) -> Issued {
     let mut round = Round::default();
-    let mut too_long = Vec::new();
+    let mut unsendable = Vec::new();
     let mut sendable = Vec::with_capacity(events.len());
     for (position, &event) in events.iter().enumerate() {
-        match short_strings(event) {
-            Some(strings) => sendable.push((position, event, strings)),
-            None => too_long.push(position),
+        match addressed(event) {
+            Ok(strings) => sendable.push((position, event, strings)),
+            Err(reason) => unsendable.push((position, reason)),
         }
     }
     let mut pending = Vec::with_capacity(sendable.len());
@@ -85,11 +115,8 @@ pub async fn issue_round(
             Ok(results) => results,
             Err(_) => {
                 round.timed_out = true;
-                round.error = Some(anyhow!("publishing timed out"));
+                round.note(anyhow!("publishing timed out"));
                 stopped_at = sent[0];
-                round
-                    .unresolved
-                    .extend(events[stopped_at..].iter().map(|e| e.id));
                 break;
             }
         };
@@ -97,23 +124,35 @@ pub async fn issue_round(
             match result {
                 Ok(confirm) => pending.push((position, confirm)),
                 Err(error) => {
-                    round.error = Some(error.into());
+                    round.note(error.into());
                     stopped_at = position;
-                    round
-                        .unresolved
-                        .extend(events[position..].iter().map(|e| e.id));
                     break 'windows;
                 }
             }
         }
     }
-    for position in too_long.into_iter().take_while(|&p| p < stopped_at) {
-        round.failed.push((
-            events[position].id,
-            "event_type or event_id is longer than AMQP's 255 bytes".into(),
-        ));
-    }
+    account(&mut round, events, unsendable, stopped_at);
     Issued { pending, round }
+}
+
+/// The bookkeeping of a round that stopped sending at `stopped_at` (the
+/// round's length if nothing stopped it): the events that cannot be sent
+/// before that point fail, and every event from it on, sendable or not, is
+/// unresolved: nothing after a failed publish may count as answered.
+fn account(
+    round: &mut Round,
+    events: &[&Event],
+    unsendable: Vec<(usize, String)>,
+    stopped_at: usize,
+) {
+    round
+        .unresolved
+        .extend(events[stopped_at..].iter().map(|event| event.id));
+    for (position, reason) in unsendable {
+        if position < stopped_at {
+            round.failed.push((events[position].id, reason));
+        }
+    }
 }
 
 /// Awaits the confirms of an issued round; `events` must be the ones it was
@@ -186,7 +225,8 @@ async fn issue(
 
 /// Awaits each confirm in turn. Returns (unroutable messages) come attached
 /// to whichever confirm completes next, not to their own, so they are
-/// collected first and matched to events by message_id afterwards.
+/// collected first and matched to events by message_id afterwards; only
+/// their ids and reasons are kept, not their bodies.
 async fn await_confirms(
     pending: Vec<(usize, PublisherConfirm)>,
     events: &[&Event],
@@ -204,50 +244,115 @@ async fn await_confirms(
         match timeout_at(deadline, confirm).await {
             Ok(Ok(Confirmation::Ack(message))) => {
                 acked.push(event);
-                returned.extend(message);
+                returned.extend(message.and_then(unroutable));
             }
             Ok(Ok(Confirmation::Nack(message))) => {
-                round.failed.push((event.id, "nacked by the broker".into()));
-                returned.extend(message);
+                round.declined.push(event.id);
+                returned.extend(message.and_then(unroutable));
             }
             Ok(Ok(Confirmation::NotRequested)) => {
                 round.unresolved.insert(event.id);
-                round
-                    .error
-                    .get_or_insert(anyhow!("the channel is not in confirm mode"));
+                round.note(anyhow!("the channel is not in confirm mode"));
             }
             Ok(Err(error)) => {
                 round.unresolved.insert(event.id);
-                round.error.get_or_insert(error.into());
+                round.note(error.into());
             }
             Err(_) => {
                 round.unresolved.insert(event.id);
-                round.error.get_or_insert(anyhow!("confirms timed out"));
+                round.note(anyhow!("confirms timed out"));
                 round.timed_out = true;
             }
         }
     }
-    fail_returned(acked, &returned, round);
-}
-
-/// Acked events the broker also returned were unroutable: failed, not
-/// published. The rest of the acked are confirmed.
-fn fail_returned(acked: Vec<&Event>, returned: &[BasicReturnMessage], round: &mut Round) {
-    let returned: Vec<(String, String)> = returned
-        .iter()
-        .filter_map(|message| {
-            let id = message.delivery.properties.message_id().as_ref()?;
-            let reason = format!(
-                "returned unroutable by the broker: {} {} (no queue is bound for routing key {:?} on exchange {:?})",
-                message.reply_code, message.reply_text, message.delivery.routing_key.as_str(), message.delivery.exchange.as_str()
-            );
-            Some((id.to_string(), reason))
-        })
-        .collect();
     for event in acked {
         match returned.iter().find(|(id, _)| *id == event.event_id) {
             Some((_, reason)) => round.failed.push((event.id, reason.clone())),
             None => round.confirmed.push(event.id),
         }
+    }
+}
+
+/// The message_id of a message the broker returned, with why, for the
+/// acked event it names: that event failed, it was not published.
+fn unroutable(message: BasicReturnMessage) -> Option<(String, String)> {
+    let delivery = &message.delivery;
+    let id = delivery.properties.message_id().as_ref()?;
+    let reason = format!(
+        "returned unroutable by the broker: {} {} (no queue is bound for routing key {:?} on exchange {:?})",
+        message.reply_code,
+        message.reply_text,
+        delivery.routing_key.as_str(),
+        delivery.exchange.as_str()
+    );
+    Some((id.to_string(), reason))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: i64, event_type: &str) -> Event {
+        Event {
+            id,
+            event_id: format!("e-{id}"),
+            event_type: event_type.into(),
+            payload: "{}".into(),
+            created_at: Some(0.0),
+            attempts: 0,
+            unreadable: None,
+        }
+    }
+
+    /// The round's unsendable events, as issue_round finds them.
+    fn unsendable(events: &[&Event]) -> Vec<(usize, String)> {
+        events
+            .iter()
+            .enumerate()
+            .filter_map(|(position, event)| Some((position, addressed(event).err()?)))
+            .collect()
+    }
+
+    #[test]
+    fn an_over_long_event_after_a_publish_error_is_left_unresolved_and_one_before_it_fails() {
+        let long = "x".repeat(256);
+        let owned = [
+            event(1, "ok"),
+            event(2, &long),
+            event(3, "ok"),
+            event(4, &long),
+            event(5, "ok"),
+        ];
+        let events: Vec<&Event> = owned.iter().collect();
+        let mut round = Round::default();
+        // The publish of event 3 failed: nothing from it on was sent.
+        account(&mut round, &events, unsendable(&events), 2);
+        let failed: Vec<i64> = round.failed.iter().map(|(id, _)| *id).collect();
+        assert_eq!(failed, [2]);
+        let mut unresolved: Vec<i64> = round.unresolved.into_iter().collect();
+        unresolved.sort();
+        assert_eq!(unresolved, [3, 4, 5]);
+    }
+
+    #[test]
+    fn every_unsendable_event_of_a_round_sent_whole_fails() {
+        let long = "x".repeat(256);
+        let mut unreadable = event(3, "ok");
+        unreadable.unreadable = Some("payload is NULL".into());
+        let owned = [event(1, &long), event(2, "ok"), unreadable];
+        let events: Vec<&Event> = owned.iter().collect();
+        let mut round = Round::default();
+        account(&mut round, &events, unsendable(&events), events.len());
+        assert_eq!(
+            round.failed,
+            [
+                (
+                    1,
+                    "event_type or event_id is longer than AMQP's 255 bytes".into()
+                ),
+                (3, "payload is NULL".into())
+            ]
+        );
+        assert!(round.unresolved.is_empty());
     }
 }

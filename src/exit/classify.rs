@@ -71,6 +71,18 @@ pub fn amqp(reply_code: u16) -> Cause {
         .map_or(Cause::Outage, |(_, _, cause)| *cause)
 }
 
+/// What the reply code of a channel the broker closed over a publish means.
+/// There, 406 precondition-failed refuses the message itself: RabbitMQ uses
+/// it for a message larger than max_message_size, an invalid expiration, a
+/// user_id that is not the login's. Anywhere else (a declare) it means
+/// settings that do not match, the operator's to fix.
+pub fn amqp_publish(reply_code: u16) -> Cause {
+    match reply_code {
+        406 => Cause::Message,
+        _ => amqp(reply_code),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +130,16 @@ mod tests {
         for code in [402, 403, 404, 406, 530] {
             assert_eq!(amqp(code), Cause::Config, "{code}");
         }
+    }
+
+    #[test]
+    fn a_publish_refused_as_too_large_is_the_messages_fault_but_a_refused_write_is_not() {
+        assert_eq!(amqp_publish(406), Cause::Message);
+        assert_eq!(amqp_publish(311), Cause::Message);
+        for code in [403, 404, 530] {
+            assert_eq!(amqp_publish(code), Cause::Config, "{code}");
+        }
+        assert_eq!(amqp_publish(320), Cause::Outage);
     }
 
     #[test]

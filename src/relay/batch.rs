@@ -6,10 +6,11 @@
 use anyhow::Result;
 
 use crate::broker::Broker;
-use crate::broker::publisher::Sent;
+use crate::broker::publisher::{Outcome, Sent};
+use crate::broker::round::NACKED;
 use crate::config::Relay;
 use crate::guard::stop::Stop;
-use crate::relay::session::Session;
+use crate::relay::session::{Session, Uncommitted};
 use crate::report::dry_run;
 use crate::report::totals::Totals;
 use crate::sql::outbox::Event;
@@ -44,6 +45,12 @@ impl InFlight {
     pub fn last_id(&self) -> i64 {
         self.events.last().map_or(i64::MIN, |event| event.id)
     }
+
+    /// The payload bytes the batch holds, for --batch-bytes.
+    pub fn bytes(&self) -> i64 {
+        let bytes: usize = self.events.iter().map(|event| event.payload.len()).sum();
+        i64::try_from(bytes).unwrap_or(i64::MAX)
+    }
 }
 
 /// What `open` left.
@@ -61,7 +68,7 @@ pub enum Opened {
 /// published. If anything fails before the commit, the transaction is
 /// rolled back and the events are claimed again by a later run: a
 /// duplicate at worst, never a loss. Only rows from id `from` on are
-/// claimed (all of them if None).
+/// claimed (all of them if None), and about `bytes` of payloads at most.
 pub fn open(
     session: &mut Session,
     relay: &Relay,
@@ -69,9 +76,10 @@ pub fn open(
     stop: &Stop,
     totals: &mut Totals,
     from: Option<i64>,
+    bytes: i64,
 ) -> Result<Opened> {
     session.begin()?;
-    let opened = claim_and_send(session, relay, broker, stop, totals, from);
+    let opened = claim_and_send(session, relay, broker, stop, totals, from, bytes);
     match &opened {
         Ok(Opened::InFlight(_)) => {}
         Ok(Opened::Ended(Ended::Empty | Ended::LockTaken)) => {
@@ -92,11 +100,12 @@ fn claim_and_send(
     stop: &Stop,
     totals: &mut Totals,
     from: Option<i64>,
+    bytes: i64,
 ) -> Result<Opened> {
     if !session.try_lock()? {
         return Ok(Opened::Ended(Ended::LockTaken));
     }
-    let events = session.claim(relay.batch_size, from)?;
+    let events = session.claim(relay.batch_size, from, bytes)?;
     if events.is_empty() {
         return Ok(Opened::Ended(Ended::Empty));
     }
@@ -125,22 +134,39 @@ pub fn settle(
 ) -> Result<()> {
     let InFlight { events, sent } = batch;
     let outcome = broker.outcome(sent, &events);
-    let committed = session.mark(&outcome).and_then(|()| session.commit());
-    if committed.is_err() {
+    if let Err(error) = session.mark(&outcome) {
         session.roll_back();
+        return Err(error);
     }
-    committed?;
-    log_failures(&events, &outcome.failed);
+    let marked = outcome.confirmed.len() + outcome.failed.len() + outcome.declined.len();
+    match session.commit_marks(marked) {
+        Ok(()) => {}
+        Err(Uncommitted::RolledBack(error)) => {
+            session.roll_back();
+            return Err(error);
+        }
+        Err(Uncommitted::Unknown(error)) => {
+            // Neither published nor failed as far as anyone can tell: the
+            // summary and the metrics count these events apart.
+            totals.claimed += events.len() as u64;
+            totals.unknown += marked as u64;
+            return Err(error);
+        }
+    }
+    log_failures(&events, &outcome);
+    // Exit 1 and the summary's `failed` count nacked events too: they were
+    // not published, though no attempt was counted against them.
+    let failed = outcome.failed.len() + outcome.declined.len();
     totals.batches += 1;
     totals.claimed += events.len() as u64;
     totals.published += outcome.confirmed.len() as u64;
-    totals.failed += outcome.failed.len() as u64;
+    totals.failed += failed as u64;
     log::info!(
-        "batch {}: claimed {}, published {}, failed {}",
+        "batch {}: claimed {}, published {}, failed {failed} (nacked {})",
         totals.batches,
         events.len(),
         outcome.confirmed.len(),
-        outcome.failed.len()
+        outcome.declined.len()
     );
     match outcome.outage {
         Some(outage) => Err(outage),
@@ -149,14 +175,20 @@ pub fn settle(
 }
 
 /// A few lines, not one per event: under cron every line is mailed.
-fn log_failures(events: &[Event], failed: &[(i64, String)]) {
+fn log_failures(events: &[Event], outcome: &Outcome) {
     const SHOWN: usize = 5;
-    for (id, reason) in failed.iter().take(SHOWN) {
+    let failed = outcome
+        .failed
+        .iter()
+        .map(|(id, reason)| (*id, reason.as_str()));
+    let nacked = outcome.declined.iter().map(|id| (*id, NACKED));
+    let all: Vec<(i64, &str)> = failed.chain(nacked).collect();
+    for (id, reason) in all.iter().take(SHOWN) {
         let event = events.iter().find(|event| event.id == *id);
         let name = event.map_or("?", |event| event.event_id.as_str());
         log::warn!("event {name} (row {id}) failed: {reason}");
     }
-    if failed.len() > SHOWN {
-        log::warn!("... and {} more failed events", failed.len() - SHOWN);
+    if all.len() > SHOWN {
+        log::warn!("... and {} more failed events", all.len() - SHOWN);
     }
 }

@@ -11,6 +11,7 @@ use anyhow::Result;
 use crate::broker::Broker;
 use crate::config::{Database, Relay};
 use crate::connect::database::STATEMENT_TIMEOUT;
+use crate::exit::Exit;
 use crate::guard::stop::Stop;
 use crate::guard::watchdog::{self, Watchdog};
 use crate::relay::batch::{self, Ended, InFlight, Opened};
@@ -113,7 +114,10 @@ impl Drain<'_> {
         let mut claims = Claims::new();
         let mut claiming = true;
         loop {
-            while claiming && self.may_open(flight.len()) {
+            // --batch-bytes bounds the payloads of every batch in flight
+            // together: a claim gets what the others leave of it.
+            let room = |flight: &Flight| self.relay.batch_bytes - bytes(flight);
+            while claiming && self.may_open(flight.len()) && room(&flight) > 0 {
                 let Some(index) = self.free_session(&mut sessions, claims.backlog) else {
                     break;
                 };
@@ -123,7 +127,7 @@ impl Drain<'_> {
                     break;
                 }
                 self.arm_for_batches();
-                match self.open_next(&mut sessions.all[index], &mut claims) {
+                match self.open_next(&mut sessions.all[index], &mut claims, room(&flight)) {
                     Ok(Some(batch)) => flight.push_back((index, batch)),
                     Ok(None) => {
                         sessions.idle.push(index);
@@ -151,18 +155,27 @@ impl Drain<'_> {
         &mut self,
         session: &mut Session,
         claims: &mut Claims,
+        bytes: i64,
     ) -> Result<Option<InFlight>> {
         let relay = self.relay;
         // Ordered mode never passes a row: it always claims from the head.
         let from = claims.next().filter(|_| !relay.ordered);
-        match batch::open(session, relay, self.broker, self.stop, self.totals, from)? {
+        match batch::open(
+            session,
+            relay,
+            self.broker,
+            self.stop,
+            self.totals,
+            from,
+            bytes,
+        )? {
             Opened::InFlight(batch) => {
                 claims.claimed(from, &batch, relay.batch_size);
                 Ok(Some(batch))
             }
             Opened::Ended(Ended::Empty) if from.is_some() => {
                 claims.from = None;
-                self.open_next(session, claims)
+                self.open_next(session, claims, bytes)
             }
             Opened::Ended(_) => Ok(None),
         }
@@ -170,30 +183,39 @@ impl Drain<'_> {
 
     /// After a failure, settles the batches still in flight: they are on
     /// the wire, and what the broker confirmed of them must be marked rather
-    /// than sent again by the next run. The exit reports the first failure;
-    /// a different later one (the batches are on different sessions) is
-    /// still told, the same outage again is not.
+    /// than sent again by the next run. The exit reports the first failure,
+    /// except that a refusal the operator must fix (exit 78) outranks an
+    /// outage: an outage that comes with one is its consequence (RabbitMQ
+    /// closes the connection when publishes still queued for a channel it
+    /// refused reach it after the close). A different later failure (the
+    /// batches are on different sessions) is still told, the same one again
+    /// is not.
     fn settle_after_failure(
         &mut self,
         sessions: &mut [Session],
         flight: Flight,
         error: anyhow::Error,
     ) -> Result<()> {
-        let first = format!("{error:#}");
-        let mut told = first.clone();
+        let mut reported = error;
+        let mut told = vec![format!("{reported:#}")];
         for (index, batch) in flight {
             self.arm_for_batches();
             let later = batch::settle(&mut sessions[index], batch, self.broker, self.totals);
             self.progress.update(self.totals);
-            if let Err(later) = later {
-                let later = format!("{later:#}");
-                if later != first && later != told {
-                    log::warn!("a batch in flight failed too: {later}");
-                    told = later;
-                }
+            let Err(later) = later else { continue };
+            let text = format!("{later:#}");
+            if told.contains(&text) {
+                continue;
             }
+            if Exit::of(&later) == Exit::Config && Exit::of(&reported) != Exit::Config {
+                log::info!("a consequence of the failure below: {:#}", reported);
+                reported = later;
+            } else {
+                log::warn!("a batch in flight failed too: {text}");
+            }
+            told.push(text);
         }
-        Err(error)
+        Err(reported)
     }
 
     /// A session for the next batch: an idle one, or, while a backlog is
@@ -250,6 +272,11 @@ impl Drain<'_> {
         self.watchdog
             .arm(batch_budget(self.relay), "the batch", *self.totals);
     }
+}
+
+/// The payload bytes of the batches in flight.
+fn bytes(flight: &Flight) -> i64 {
+    flight.iter().map(|(_, batch)| batch.bytes()).sum()
 }
 
 /// Every bound a batch can meet, one after the other: connecting to the

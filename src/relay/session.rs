@@ -5,9 +5,20 @@ use anyhow::Result;
 use postgres::Client;
 
 use crate::broker::publisher::Outcome;
+use crate::broker::round::NACKED;
 use crate::config::{Database, Relay};
 use crate::connect::database;
 use crate::sql::outbox::{Event, Outbox};
+
+/// Why a batch's COMMIT did not go through.
+pub enum Uncommitted {
+    /// The server refused it, or it never reached the server: the
+    /// transaction is rolled back, nothing was marked.
+    RolledBack(anyhow::Error),
+    /// The connection dropped while the COMMIT was on its way: its marks
+    /// may have been committed or not.
+    Unknown(anyhow::Error),
+}
 
 pub struct Session {
     pub client: Client,
@@ -46,6 +57,32 @@ impl Session {
         )
     }
 
+    /// Commits a batch whose marks cover `marked` events. The server either
+    /// answers (committed, or refused and rolled back), or the connection
+    /// drops before its answer arrives: then the COMMIT may have been
+    /// carried out or not, and nobody can tell. With nothing marked, either
+    /// way leaves the table as it was.
+    pub fn commit_marks(&mut self, marked: usize) -> Result<(), Uncommitted> {
+        let Err(error) = self.client.batch_execute("COMMIT") else {
+            return Ok(());
+        };
+        let what = "committing the batch";
+        if marked > 0 && error.as_db_error().is_none() {
+            Err(Uncommitted::Unknown(database::classify(
+                &error,
+                what,
+                "the commit's outcome is unknown: the batch's events may be marked or not; \
+                 if not, the next run sends them again",
+            )))
+        } else {
+            Err(Uncommitted::RolledBack(database::classify(
+                &error,
+                what,
+                "nothing was marked; the events will be claimed and sent again by the next run",
+            )))
+        }
+    }
+
     fn control(&mut self, sql: &str, what: &str, advice: &str) -> Result<()> {
         self.client
             .batch_execute(sql)
@@ -67,15 +104,18 @@ impl Session {
         self.outbox.try_lock(&mut self.client)
     }
 
-    /// Claims up to `limit` due events from id `from` on (all if None).
-    pub fn claim(&mut self, limit: i64, from: Option<i64>) -> Result<Vec<Event>> {
-        self.outbox.claim(&mut self.client, limit, from)
+    /// Claims up to `limit` due events from id `from` on (all if None),
+    /// holding about `bytes` of payloads at most (see Outbox::claim).
+    pub fn claim(&mut self, limit: i64, from: Option<i64>, bytes: i64) -> Result<Vec<Event>> {
+        self.outbox.claim(&mut self.client, limit, from, bytes)
     }
 
-    /// The marks for what the broker said, in the batch's transaction.
+    /// The marks for what the broker said, in the batch's transaction: one
+    /// statement per outcome.
     pub fn mark(&mut self, outcome: &Outcome) -> Result<()> {
         let outbox = &self.outbox;
         outbox.mark_published(&mut self.client, &outcome.confirmed)?;
-        outbox.mark_failed(&mut self.client, &outcome.failed)
+        outbox.mark_failed(&mut self.client, &outcome.failed)?;
+        outbox.mark_declined(&mut self.client, &outcome.declined, NACKED)
     }
 }

@@ -108,7 +108,7 @@ pub fn render(table: &str, run: &Run, backlog: Option<&Figures>) -> String {
 type Gauge = (&'static str, &'static str, String);
 
 /// What the run did.
-fn run_gauges(run: &Run) -> [Gauge; 7] {
+fn run_gauges(run: &Run) -> [Gauge; 8] {
     let totals = &run.totals;
     [
         (
@@ -143,8 +143,13 @@ fn run_gauges(run: &Run) -> [Gauge; 7] {
         ),
         (
             "last_run_failed",
-            "Events the broker nacked or returned in the last run.",
+            "Events that failed in the last run: returned, refused over a channel error or unreadable (an attempt counted each), or nacked (none counted).",
             totals.failed.to_string(),
+        ),
+        (
+            "last_run_unknown",
+            "Events of the last run whose batch's COMMIT outcome is unknown (the connection dropped during it): marked or not.",
+            totals.unknown.to_string(),
         ),
     ]
 }
@@ -222,6 +227,7 @@ mod tests {
                 published: 2,
                 failed: 1,
                 batches: 1,
+                unknown: 0,
             },
         };
         let text = render("app.outbox", &run, None);

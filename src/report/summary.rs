@@ -1,5 +1,6 @@
 //! The `--json` summary of a poll run: one object on stdout at the end,
-//! whatever the exit code, its fields in the contract's order.
+//! whatever the exit code, its six fields in the contract's order, then
+//! `unknown`: events whose batch's COMMIT outcome is unknown.
 
 use std::time::Instant;
 
@@ -33,6 +34,7 @@ pub fn print(totals: &Totals, started: Instant, exit: Exit) -> std::io::Result<(
         "batches": totals.batches,
         "duration_ms": started.elapsed().as_millis() as u64,
         "exit_code": exit.code(),
+        "unknown": totals.unknown,
     });
     stdout::line(&summary.to_string())
 }

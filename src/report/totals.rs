@@ -8,4 +8,8 @@ pub struct Totals {
     pub published: u64,
     pub failed: u64,
     pub batches: u64,
+    /// Events the broker answered for in a batch whose COMMIT's outcome is
+    /// unknown (the connection dropped during it): marked or not, nobody
+    /// can tell, so they are counted neither as published nor as failed.
+    pub unknown: u64,
 }

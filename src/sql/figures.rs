@@ -19,7 +19,8 @@ pub struct Figures {
     pub retrying: i64,
     /// Unpublished with attempts >= --max-attempts: never claimed again.
     pub dead: i64,
-    /// Whole seconds since the oldest pending event was created.
+    /// Whole seconds since the oldest pending event was created, among
+    /// those whose created_at is finite.
     pub oldest_pending_age_s: Option<i64>,
 }
 
@@ -107,6 +108,10 @@ fn query(
         .collect())
 }
 
+/// The age of the oldest pending event counts only finite created_at
+/// values: an event created at '-infinity' (or 'infinity') has no age, and
+/// `now()` minus it is an error that would stop `status` and the metrics
+/// for the whole table. Such an event still counts as pending.
 fn figures_sql(table: &str, group: bool) -> String {
     let (key, tail) = if group {
         ("event_type", " GROUP BY event_type ORDER BY event_type")
@@ -119,7 +124,8 @@ fn figures_sql(table: &str, group: bool) -> String {
            count(*) FILTER (WHERE attempts < $1::int AND available_at <= now()), \
            count(*) FILTER (WHERE attempts < $1::int AND attempts > 0), \
            count(*) FILTER (WHERE attempts >= $1::int), \
-           floor(extract(epoch FROM now() - min(created_at) FILTER (WHERE attempts < $1::int)))::bigint \
+           floor(extract(epoch FROM now() - min(created_at) \
+             FILTER (WHERE attempts < $1::int AND isfinite(created_at))))::bigint \
          FROM {table} WHERE published_at IS NULL{tail}"
     )
 }

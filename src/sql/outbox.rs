@@ -9,6 +9,8 @@
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::types::ToSql;
 use postgres::{Client, Statement};
 
 use crate::connect::database::classify_on_table;
@@ -23,6 +25,21 @@ use crate::sql::table::TableName;
 pub const BACKOFF_BASE: Duration = Duration::from_secs(2);
 pub const BACKOFF_CAP: Duration = Duration::from_secs(3600);
 
+/// Backoff after a nack, times the same jitter: 15 to 30 s. A nack counts
+/// no attempt, so the attempt-keyed backoff would stay at its first step,
+/// 1-2 s, for ever: a drain would claim and send the same events every
+/// second or two for as long as the broker declines them. The broker
+/// declines for reasons of its own (a queue full, a quorum queue without a
+/// majority) that pass in minutes, not seconds, and an event gets no nearer
+/// to going out by asking again sooner. So a nacked event waits this fixed
+/// time, whatever its attempts: during a 10 or 20 minute incident each
+/// pending event is offered a few times a minute, never dies of it, and
+/// goes out within half a minute of the broker taking messages again.
+pub const NACK_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The "equal jitter" factor, uniform in [0.5, 1).
+const JITTER_SQL: &str = "(0.5 + random() / 2)";
+
 /// One claimed row.
 #[derive(Debug, Clone)]
 pub struct Event {
@@ -31,9 +48,14 @@ pub struct Event {
     pub event_type: String,
     /// The jsonb as PostgreSQL prints it: sent as the message body unchanged.
     pub payload: String,
-    /// Seconds since the epoch, for the AMQP timestamp.
-    pub created_at: i64,
-    pub attempts: i32,
+    /// created_at in whole seconds since the epoch, for the AMQP timestamp:
+    /// plus or minus infinity for an infinite created_at, None for a NULL.
+    pub created_at: Option<f64>,
+    pub attempts: i64,
+    /// Why this row cannot become a message (a NULL or unreadable column,
+    /// which a table without the contract's NOT NULL constraints can hold):
+    /// the event fails alone, the rest of the batch goes on.
+    pub unreadable: Option<String>,
 }
 
 /// The prepared statements for one table on one connection.
@@ -43,6 +65,7 @@ pub struct Outbox {
     claim: Statement,
     mark_published: Statement,
     mark_failed: Statement,
+    mark_declined: Statement,
     /// Only in ordered mode: plain runs take no table lock at all.
     try_lock: Option<Statement>,
 }
@@ -69,6 +92,7 @@ impl Outbox {
             claim: prepare(client, &claim_sql)?,
             mark_published: prepare(client, &mark_published_sql(&quoted))?,
             mark_failed: prepare(client, &mark_failed_sql(&quoted))?,
+            mark_declined: prepare(client, &mark_declined_sql(&quoted))?,
             try_lock: match ordered {
                 true => Some(prepare(client, TRY_LOCK_SQL)?),
                 false => None,
@@ -79,34 +103,104 @@ impl Outbox {
     }
 
     /// Claims up to `limit` due events with ids from `from` on (the whole
-    /// table if None), locked until the transaction ends.
-    pub fn claim(&self, client: &mut Client, limit: i64, from: Option<i64>) -> Result<Vec<Event>> {
+    /// table if None), locked until the transaction ends, and keeps them
+    /// while the payload bytes kept so far are under `bytes`: the first
+    /// always, however large.
+    ///
+    /// The rows are read as they arrive, and those past the budget are read
+    /// and dropped one at a time: so the batch in memory is the budget (and
+    /// one event), whatever --batch-size allows. Those rows stay locked until
+    /// the batch's transaction ends, then a later claim takes them.
+    ///
+    /// The budget is applied here rather than in the claim's SQL: a running
+    /// sum over the claimed rows there made every claim take half as long
+    /// again on the server, for ordinary batches it never cuts. This way
+    /// costs only a claim it cuts, whose server still sends the rows past
+    /// the budget (with payloads near the budget, a smaller --batch-size
+    /// spares that). They are read, not left in the socket: the server would
+    /// wait to send them, the claim still running, until statement_timeout
+    /// cancelled it and the batch with it.
+    pub fn claim(
+        &self,
+        client: &mut Client,
+        limit: i64,
+        from: Option<i64>,
+        bytes: i64,
+    ) -> Result<Vec<Event>> {
         let from = from.unwrap_or(i64::MIN);
-        let rows = client
-            .query(&self.claim, &[&self.max_attempts, &limit, &from])
-            .map_err(|error| classify_on_table(&error, "claiming a batch", &self.table))?;
-        rows.iter().map(|row| self.event(row)).collect()
+        let failed = |error| classify_on_table(&error, "claiming a batch", &self.table);
+        let params: [&(dyn ToSql + Sync); 3] = [&self.max_attempts, &limit, &from];
+        let mut rows = client.query_raw(&self.claim, params).map_err(failed)?;
+        let (mut events, mut held, mut dropped) = (Vec::new(), 0, 0);
+        while let Some(row) = rows.next().map_err(failed)? {
+            if held >= bytes {
+                dropped += 1;
+                continue;
+            }
+            let event = self.event(&row)?;
+            held += i64::try_from(event.payload.len()).unwrap_or(i64::MAX);
+            events.push(event);
+        }
+        if dropped > 0 {
+            log::info!(
+                "the batch holds {} events, {held} payload bytes (--batch-bytes); the {dropped} \
+                 claimed after them wait for a later batch",
+                events.len()
+            );
+        }
+        Ok(events)
     }
 
-    /// The SELECT casts every column to the type read here, so only a NULL
-    /// where the table should forbid one can fail, and it must not panic.
+    /// The SELECT casts every column to the type read here, so no value of
+    /// one row can fail to decode but a NULL where the table should forbid
+    /// one (or text that is not UTF-8, in a database that does not check
+    /// it). Such a row fails alone, with last_error saying which column,
+    /// rather than stopping every run on the table; only an unreadable id,
+    /// the primary key, leaves nothing to mark it by.
     fn event(&self, row: &postgres::Row) -> Result<Event> {
-        let read = || -> Result<Event, postgres::Error> {
-            Ok(Event {
-                id: row.try_get(0)?,
-                event_id: row.try_get(1)?,
-                event_type: row.try_get(2)?,
-                payload: row.try_get(3)?,
-                created_at: row.try_get(4)?,
-                attempts: row.try_get(5)?,
-            })
-        };
-        read().map_err(|error| {
+        let id = row.try_get(0).map_err(|error| {
             exit::config(anyhow!(
-                "reading a claimed row of table {}: {error}; the columns must be NOT NULL \
-                 as `outbox-poll migrate` creates them",
+                "reading the id of a claimed row of table {}: {error}; the id must be the \
+                 bigint primary key `outbox-poll migrate` creates",
                 self.table
             ))
+        })?;
+        let mut unreadable = None;
+        let mut text = |index: usize, column: &str| -> String {
+            match row.try_get::<_, Option<String>>(index) {
+                Ok(Some(text)) => text,
+                Ok(None) => {
+                    unreadable
+                        .get_or_insert(format!("{column} is NULL: this event cannot be sent"));
+                    String::new()
+                }
+                Err(error) => {
+                    unreadable.get_or_insert(format!("{column} cannot be read: {error}"));
+                    String::new()
+                }
+            }
+        };
+        let (event_id, event_type, payload) = (
+            text(1, "event_id"),
+            text(2, "event_type"),
+            text(3, "payload"),
+        );
+        let created_at = row.try_get(4).unwrap_or_else(|error| {
+            unreadable.get_or_insert(format!("created_at cannot be read: {error}"));
+            None
+        });
+        let attempts = row.try_get(5).unwrap_or_else(|error| {
+            unreadable.get_or_insert(format!("attempts cannot be read: {error}"));
+            0
+        });
+        Ok(Event {
+            id,
+            event_id,
+            event_type,
+            payload,
+            created_at,
+            attempts,
+            unreadable,
         })
     }
 
@@ -152,14 +246,32 @@ impl Outbox {
             .map_err(|error| classify_on_table(&error, "recording failed attempts", &self.table))?;
         Ok(())
     }
+
+    /// Backs off each event the broker nacked, in one statement, recording
+    /// `reason` but counting no attempt: a nack is the broker declining for
+    /// now, not a failure of the event's own.
+    pub fn mark_declined(&self, client: &mut Client, ids: &[i64], reason: &str) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let wait = NACK_BACKOFF.as_secs_f64();
+        client
+            .execute(&self.mark_declined, &[&ids, &reason, &wait])
+            .map_err(|error| classify_on_table(&error, "recording nacked events", &self.table))?;
+        Ok(())
+    }
 }
 
 /// Cast to the types the code reads, so a table of the reference article
-/// with `id serial` or `attempts bigint` works instead of failing to decode.
-/// The timestamp is floored: AMQP's has whole seconds, and rounding could
-/// put it after created_at.
+/// with `id serial` or `attempts bigint` works instead of failing to decode,
+/// and so that no value of one row can make the claim itself fail. The
+/// timestamp is floored (AMQP's has whole seconds, and rounding could put
+/// it after created_at) and read as a float8, which holds what `extract`
+/// gives for an infinite created_at (plus or minus Infinity, where a bigint
+/// cast would fail the whole claim) and the whole seconds of every finite
+/// timestamp PostgreSQL can store, exactly (fewer than 2^53).
 const SELECTED: &str = "id::bigint, event_id::text, event_type::text, payload::text, \
-     floor(extract(epoch FROM created_at))::bigint, attempts::int";
+     floor(extract(epoch FROM created_at))::float8, attempts::bigint";
 
 /// `id >= $3` lets a drain start where its last claim ended: the pending
 /// index then begins at the next unclaimed row instead of walking past every
@@ -204,9 +316,19 @@ fn mark_failed_sql(table: &str) -> String {
         "UPDATE {table} AS o SET attempts = o.attempts + 1, last_error = f.error, \
            available_at = clock_timestamp() + make_interval(secs => \
              least($4::float8, $3::float8 * power(2, least(o.attempts, 30))) \
-             * (0.5 + random() / 2)) \
+             * {JITTER_SQL}) \
          FROM unnest($1::bigint[], $2::text[]) AS f(id, error) \
          WHERE o.id = f.id"
+    )
+}
+
+/// As mark_failed_sql, but the attempts are left alone and the wait is
+/// NACK_BACKOFF ($3 seconds) times the jitter.
+fn mark_declined_sql(table: &str) -> String {
+    format!(
+        "UPDATE {table} SET last_error = $2::text, \
+           available_at = clock_timestamp() + make_interval(secs => $3::float8 * {JITTER_SQL}) \
+         WHERE id = ANY($1::bigint[])"
     )
 }
 

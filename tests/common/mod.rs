@@ -424,19 +424,24 @@ impl Amqp {
 
     /// Like `declare`, with queue arguments (x-max-length and the like).
     pub fn declare_with(&self, exchange: &str, queue: &str, binding: &str, arguments: FieldTable) {
-        self.runtime.block_on(async {
-            self.channel
-                .exchange_declare(
-                    exchange.into(),
-                    ExchangeKind::Topic,
-                    ExchangeDeclareOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap();
-        });
+        let options = ExchangeDeclareOptions::default();
+        self.runtime
+            .block_on(declare_topic(&self.channel, exchange, options))
+            .unwrap();
         self.declare_queue(queue, arguments);
         self.bind(queue, exchange, binding);
+    }
+
+    /// An internal exchange: clients may not publish to it (the broker
+    /// refuses with ACCESS_REFUSED), only bind it to others.
+    pub fn declare_internal(&self, exchange: &str) {
+        let options = ExchangeDeclareOptions {
+            internal: true,
+            ..Default::default()
+        };
+        self.runtime
+            .block_on(declare_topic(&self.channel, exchange, options))
+            .unwrap();
     }
 
     pub fn delete(&self, exchange: &str, queue: &str) {
@@ -525,15 +530,7 @@ impl Amqp {
                 passive: true,
                 ..Default::default()
             };
-            channel
-                .exchange_declare(
-                    exchange.into(),
-                    ExchangeKind::Topic,
-                    options,
-                    FieldTable::default(),
-                )
-                .await
-                .is_ok()
+            declare_topic(&channel, exchange, options).await.is_ok()
         })
     }
 
@@ -592,6 +589,18 @@ impl Drop for Amqp {
             .runtime
             .block_on(self.connection.close(200, "bye".into()));
     }
+}
+
+/// Declares a topic exchange with `options` on `channel`.
+async fn declare_topic(
+    channel: &Channel,
+    exchange: &str,
+    options: ExchangeDeclareOptions,
+) -> lapin::Result<()> {
+    let arguments = FieldTable::default();
+    channel
+        .exchange_declare(exchange.into(), ExchangeKind::Topic, options, arguments)
+        .await
 }
 
 /// Waits until `condition` holds, checking every 20 ms, for at most `limit`.

@@ -1,8 +1,9 @@
 //! A TCP proxy the tests own, placed between outbox-poll and a server to
 //! inject faults without touching the shared servers: count connections,
 //! cut every connection now, cut each after N bytes either way, stall
-//! (sockets stay open, nothing moves), or let through only the first N
-//! bytes the client sends.
+//! (sockets stay open, nothing moves), let through only the first N
+//! bytes the client sends, or cut a connection once the server has a
+//! given message from the client, before its answer gets back.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -24,6 +25,9 @@ struct State {
     /// Bytes of each connection's stream, client to server and server to
     /// client, let through before the connection is cut; u64::MAX: never.
     cut_after: [AtomicU64; 2],
+    /// Client bytes that, once sent on to the server, cut their connection
+    /// before anything more reaches the client (once, then cleared).
+    cut_after_sending: Mutex<Option<Vec<u8>>>,
     /// Bytes the client sent that reached the server, all connections.
     upstream_bytes: AtomicU64,
     /// Bytes the server sent that reached the client, all connections.
@@ -94,6 +98,24 @@ impl Proxy {
         self.state.cut_after[direction as usize].store(bytes, Ordering::SeqCst);
     }
 
+    /// The next time the client sends bytes containing `message`, they
+    /// reach the server, and then the connection is cut: the server acts
+    /// on them, and its answer never reaches the client (a COMMIT whose
+    /// reply is lost, say). Once.
+    pub fn cut_after_sending(&self, message: &[u8]) {
+        *self.state.cut_after_sending.lock().unwrap() = Some(message.to_vec());
+    }
+
+    /// Lifts every fault, for the connections to come: no stall, no cut
+    /// after a byte count, no cut after a message.
+    pub fn heal(&self) {
+        self.resume();
+        for limit in &self.state.cut_after {
+            limit.store(u64::MAX, Ordering::SeqCst);
+        }
+        *self.state.cut_after_sending.lock().unwrap() = None;
+    }
+
     /// Lets bytes move again, lifting stall() and stall_upstream_after().
     pub fn resume(&self) {
         self.state.upstream_limit.store(u64::MAX, Ordering::SeqCst);
@@ -151,14 +173,38 @@ fn connect_pumps(client: TcpStream, server: TcpStream, state: &Arc<State>) {
         sockets.push(server.try_clone().unwrap());
     }
     let (client2, server2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-    let up = Arc::clone(state);
-    thread::spawn(move || pump(client, server, &up, true));
+    // Set by the upstream pump when cut_after_sending fires: the
+    // downstream pump then forwards nothing more.
+    let severed = Arc::new(AtomicBool::new(false));
+    let (up, up_severed) = (Arc::clone(state), Arc::clone(&severed));
+    thread::spawn(move || pump(client, server, &up, &up_severed, true));
     let down = Arc::clone(state);
-    thread::spawn(move || pump(server2, client2, &down, false));
+    thread::spawn(move || pump(server2, client2, &down, &severed, false));
+}
+
+/// Whether `chunk` (client bytes) holds the message cut_after_sending
+/// waits for; if so, the fault is used up.
+fn fires_cut_after_sending(state: &State, chunk: &[u8]) -> bool {
+    let mut armed = state.cut_after_sending.lock().unwrap();
+    let fires = armed.as_ref().is_some_and(|message| {
+        chunk
+            .windows(message.len())
+            .any(|w| w == message.as_slice())
+    });
+    if fires {
+        *armed = None;
+    }
+    fires
 }
 
 /// Copies one direction until either side closes, honouring the faults.
-fn pump(mut from: TcpStream, mut to: TcpStream, state: &State, upstream: bool) {
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    state: &State,
+    severed: &AtomicBool,
+    upstream: bool,
+) {
     let mut buffer = [0u8; 16 * 1024];
     let mut sent: u64 = 0;
     let generation = state.generation.load(Ordering::SeqCst);
@@ -196,6 +242,20 @@ fn pump(mut from: TcpStream, mut to: TcpStream, state: &State, upstream: bool) {
         }
         while state.stalled.load(Ordering::SeqCst) && !cut() {
             thread::sleep(Duration::from_millis(5));
+        }
+        if upstream && fires_cut_after_sending(state, &buffer[..read]) {
+            // Severed before the server can answer, so that no answer gets
+            // past the downstream pump; then the bytes go on (the server
+            // reads them, then the end of its input), and the client's
+            // side closes.
+            severed.store(true, Ordering::SeqCst);
+            let _ = to.write_all(&buffer[..read]);
+            let _ = to.shutdown(Shutdown::Write);
+            let _ = from.shutdown(Shutdown::Both);
+            return;
+        }
+        if severed.load(Ordering::SeqCst) {
+            break;
         }
         if to.write_all(&buffer[..read]).is_err() {
             break;

@@ -1,0 +1,144 @@
+//! A refusal from the broker about permissions or configuration (an
+//! internal exchange, a user without write permission, an exchange deleted
+//! while the run goes on) is the operator's to fix: exit 78, no attempt
+//! counted, nothing marked but what the broker confirmed.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::common::proxy::Proxy;
+use crate::common::{Fixture, Run, amqp_addr, amqp_url_via, assert_one_clear_line, wait_until};
+
+/// Every row as it was inserted: unpublished, no attempt, no error, due.
+fn assert_untouched(fx: &mut Fixture) {
+    for row in fx.rows() {
+        assert_eq!(
+            (row.published, row.attempts, row.last_error.as_deref()),
+            (false, 0, None),
+            "{} was blamed",
+            row.event_id
+        );
+        assert!(row.due_in_s <= 0.0, "{} was pushed back", row.event_id);
+    }
+}
+
+/// Exit 78 with one clear line naming the refusal and what to check.
+fn assert_refused(run: &Run, reply: &str) {
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(run);
+    assert!(run.stderr.contains(reply), "{}", run.stderr);
+    assert!(run.stderr.contains("no attempt counted"), "{}", run.stderr);
+    assert_eq!(run.field("exit_code"), 78);
+}
+
+#[test]
+fn publishing_to_an_internal_exchange_exits_78_and_blames_none_of_20000_events() {
+    let mut fx = Fixture::new("internal_exchange");
+    let internal = format!("{}_internal", fx.exchange);
+    fx.amqp.declare_internal(&internal);
+    fx.insert("e", 20_000);
+    let run = fx.run(&[
+        "--exchange",
+        &internal,
+        "--drain",
+        "--batch-size",
+        "200",
+        "--json",
+    ]);
+    fx.amqp.delete_exchange(&internal);
+    assert_refused(&run, "ACCESS_REFUSED");
+    assert_eq!((run.field("published"), run.field("failed")), (0, 0));
+    assert_untouched(&mut fx);
+}
+
+/// A RabbitMQ user of the test's own, made and removed with rabbitmqctl
+/// (the shared broker's own users are never touched).
+struct BrokerUser {
+    name: String,
+}
+
+impl BrokerUser {
+    /// A user that may configure and read everything in vhost `/` and
+    /// write nothing.
+    fn without_write(test: &str) -> BrokerUser {
+        let name = format!("outbox_poll_test_{}_{test}", std::process::id());
+        let user = BrokerUser { name };
+        user.ctl(&["add_user", &user.name, "secret"]);
+        user.ctl(&["set_permissions", "-p", "/", &user.name, ".*", "^$", ".*"]);
+        user
+    }
+
+    fn url(&self) -> String {
+        let port = amqp_addr().port();
+        format!("amqp://{}:secret@127.0.0.1:{port}/%2f", self.name)
+    }
+
+    fn ctl(&self, args: &[&str]) {
+        let output = Command::new("rabbitmqctl")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running rabbitmqctl (the test makes a RabbitMQ user of its own)");
+        assert!(
+            output.status.success(),
+            "rabbitmqctl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+impl Drop for BrokerUser {
+    fn drop(&mut self) {
+        let _ = Command::new("rabbitmqctl")
+            .args(["delete_user", &self.name])
+            .stdin(Stdio::null())
+            .output();
+    }
+}
+
+#[test]
+fn a_user_without_write_permission_exits_78_and_counts_no_attempt() {
+    let mut fx = Fixture::new("no_write_permission");
+    let user = BrokerUser::without_write("no_write");
+    fx.insert("e", 500);
+    let run = fx.run(&["--amqp-url", &user.url(), "--drain", "--json"]);
+    assert_refused(&run, "ACCESS_REFUSED");
+    assert!(!run.stderr.contains("secret"), "{}", run.stderr);
+    assert_eq!(run.field("published"), 0);
+    assert_untouched(&mut fx);
+}
+
+#[test]
+fn an_exchange_deleted_mid_drain_exits_78_and_marks_only_what_was_confirmed() {
+    let mut fx = Fixture::new("exchange_deleted");
+    fx.insert("e", 400);
+    let broker = Proxy::start(amqp_addr());
+    // The first batches go through; the rest wait in the proxy.
+    broker.stall_upstream_after(20_000);
+    let child = fx
+        .command()
+        .env("AMQP_URL", amqp_url_via(broker.port()))
+        .args(["--drain", "--batch-size", "20", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(broker.wait_for_upstream(20_000, Duration::from_secs(15)));
+    assert!(wait_until(Duration::from_secs(15), || {
+        fx.amqp.queue_length(&fx.queue) > 0
+    }));
+    assert!(broker.wait_for_quiet_downstream(Duration::from_millis(500), Duration::from_secs(15)));
+    fx.amqp.delete_exchange(&fx.exchange);
+    broker.resume();
+    let run = Run::from(child.wait_with_output().unwrap());
+    assert_refused(&run, "NOT_FOUND");
+    let rows = fx.rows();
+    let published = rows.iter().filter(|row| row.published).count();
+    assert!(published > 0, "the first batches were confirmed");
+    assert_eq!(run.field("published"), published as i64);
+    assert!(
+        rows.iter()
+            .all(|row| row.attempts == 0 && row.last_error.is_none()),
+        "no event was blamed"
+    );
+}
