@@ -42,6 +42,8 @@ pub struct Relay {
     pub broker: BrokerConfig,
     pub batch_size: i64,
     pub drain: bool,
+    /// --follow: a drain that waits for new events instead of ending.
+    pub follow: bool,
     /// How many batches a drain may have in flight at once.
     pub in_flight: usize,
     pub max_batches: Option<u64>,
@@ -81,8 +83,10 @@ impl Relay {
                 "the exchange name is longer than AMQP's {MAX_EXCHANGE_BYTES} bytes"
             )));
         }
-        // A dry run claims one batch and rolls it back: nothing to drain.
-        let drain = args.drain && !args.dry_run;
+        // A dry run claims one batch and rolls it back: nothing to drain,
+        // nothing to follow.
+        let follow = args.follow && !args.dry_run;
+        let drain = (args.drain || follow) && !args.dry_run;
         Ok(Relay {
             broker: BrokerConfig {
                 uri,
@@ -93,6 +97,7 @@ impl Relay {
             },
             batch_size: i64::from(args.batch_size),
             drain,
+            follow,
             in_flight: in_flight(args.batch_size, drain, args.ordered),
             max_batches: args.max_batches,
             max_duration: args.max_duration,

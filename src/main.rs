@@ -5,7 +5,6 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::Parser;
 
 use outbox_poll::cli::{Cli, Command};
 use outbox_poll::commands::{generate, migrate, prune, requeue, status};
@@ -15,7 +14,7 @@ use outbox_poll::exit::Exit;
 use outbox_poll::{relay, report};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_checked();
     report::logging::init(cli.verbose);
     report::panic::one_line();
     match run(&cli) {
@@ -38,7 +37,7 @@ fn run(cli: &Cli) -> Result<Exit> {
             });
             relay::run(cli.json, settings)
         }
-        Some(Command::Migrate) => migrate::run(&database?),
+        Some(Command::Migrate(args)) => migrate::run(&database?, args),
         Some(Command::Status(args)) => status::run(&database?, cli.json, args),
         Some(Command::Requeue(args)) => requeue::run(&database?, cli.json, args),
         Some(Command::Prune(args)) => prune::run(&database?, cli.json, args),

@@ -8,6 +8,7 @@ mod common;
 mod delivery;
 mod errors;
 mod faults;
+mod follow;
 mod generated;
 mod metrics;
 mod migrate;
