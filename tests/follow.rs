@@ -51,6 +51,11 @@ fn via(broker: Option<&Proxy>, db: Option<&Proxy>) -> Vec<(&'static str, String)
     env
 }
 
+/// How long a test waits for a run to exit before it kills it: every
+/// follow here is meant to end well before (the tests' --max-duration of
+/// 60s is "not during this test").
+const EXIT_LIMIT: Duration = Duration::from_secs(30);
+
 /// `outbox-poll --follow --json ARGS` running in the background.
 struct Follower {
     child: Child,
@@ -59,10 +64,15 @@ struct Follower {
 
 impl Follower {
     fn start(fx: &Fixture, env: &[(&str, String)], args: &[&str]) -> Follower {
+        let args = [&["--follow", "--json"][..], args].concat();
+        Follower::spawn(fx, env, &args)
+    }
+
+    /// The binary with exactly `args`.
+    fn spawn(fx: &Fixture, env: &[(&str, String)], args: &[&str]) -> Follower {
         let child = fx
             .command()
             .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
-            .args(["--follow", "--json"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -97,13 +107,18 @@ impl Follower {
         Duration::from_millis(ticks * 10)
     }
 
-    /// Waits for the exit: the run, and how long it lasted.
-    fn finish(self) -> (Run, Duration) {
+    /// Waits for the exit, killing the run after EXIT_LIMIT (its code is
+    /// then -1): the run, and how long it lasted.
+    fn finish(mut self) -> (Run, Duration) {
+        if !wait_until(EXIT_LIMIT, || !self.running()) {
+            let _ = self.child.kill();
+        }
+        let took = self.started.elapsed();
         let output = self
             .child
             .wait_with_output()
             .expect("waiting for outbox-poll");
-        (Run::from(output), self.started.elapsed())
+        (Run::from(output), took)
     }
 }
 
@@ -270,8 +285,8 @@ fn an_idle_follow_uses_next_to_no_cpu() {
     sleep(Duration::from_millis(2500));
     let (used, wall) = (follower.cpu() - cpu, wall.elapsed());
     assert!(
-        used * 20 < wall,
-        "{used:?} of CPU in {wall:?} idle: over 5%"
+        used * 50 < wall,
+        "{used:?} of CPU in {wall:?} idle: over 2%"
     );
     follower.signal("-TERM");
     assert_eq!(follower.finish().0.code, 143);
@@ -305,10 +320,12 @@ fn sigterm_ends_an_idle_follow_at_once_with_143() {
 #[test]
 fn follow_without_max_duration_is_a_usage_error() {
     let fx = Fixture::new("follow_usage");
-    for run in [
-        fx.run(&["--follow"]),
-        fx.run_with(&[("OUTBOX_FOLLOW", "1")], &[]),
+    let env = [("OUTBOX_FOLLOW", "1".to_string())];
+    for follower in [
+        Follower::spawn(&fx, &[], &["--follow"]),
+        Follower::spawn(&fx, &env, &[]),
     ] {
+        let (run, _) = follower.finish();
         assert_eq!(run.code, 2, "{}", run.stderr);
         assert!(run.stderr.contains("--max-duration"), "{}", run.stderr);
     }
@@ -333,9 +350,8 @@ fn max_batches_ends_a_follow() {
         "--max-duration",
         "60s",
     ];
-    let (run, took) = Follower::start(&fx, &[], &args).finish();
+    let (run, _) = Follower::start(&fx, &[], &args).finish();
     assert_eq!((run.code, run.field("batches")), (0, 2), "{}", run.stderr);
-    assert!(took < Duration::from_secs(30), "it went on for {took:?}");
 }
 
 #[test]
