@@ -61,6 +61,13 @@ impl Drain<'_> {
         self.watchdog
             .arm(budget, "listening for new events", *self.totals);
         let listening = notify::listen(&mut sessions[0].client, &self.database.table)?;
+        match listening.notified {
+            true => log::info!("following: woken by the table's notify trigger"),
+            false => log::info!(
+                "following by polling: the table has no notify trigger (`outbox-poll migrate \
+                 --notify` installs it; see README, Low latency)"
+            ),
+        }
         let mut busy_at = Instant::now();
         loop {
             let claimed = self.totals.claimed;
