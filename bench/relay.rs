@@ -6,7 +6,9 @@
 //! (PostgreSQL-only claim+mark loop, RabbitMQ-only pipelined publish with
 //! confirms), a naive per-event baseline, the empty-run latency, memory at
 //! 1 KB payloads and at 50 MB ones (bench/memory.rs), and concurrent
-//! drains. Every measured run is verified:
+//! drains; `latency.rs` measures --follow (latency from commit to receipt,
+//! idle CPU) and what its notify trigger costs producers. Every measured
+//! run is verified:
 //! every event arrived (duplicates and losses counted) and every row is
 //! marked; any loss is reported as FAILURE and the exit code is 1.
 //!
@@ -17,11 +19,13 @@
 //! build's), BENCH_DATABASE_URL, BENCH_AMQP_URL, BENCH_EVENTS
 //! (100000), BENCH_NAIVE_EVENTS (10000), BENCH_EMPTY_RUNS (50),
 //! BENCH_BATCHES (100,1000,5000), BENCH_SCALING (1,2,4: concurrent drains),
-//! BENCH_SCALING_BATCH (1000), BENCH_ONLY (a
-//! comma-separated subset of: limits,shapes,drain,naive,empty,memory,
-//! large,scaling).
+//! BENCH_SCALING_BATCH (1000), BENCH_LATENCY_RATES (100,1000),
+//! BENCH_LATENCY_SECONDS (30), BENCH_IDLE_SECONDS (60),
+//! BENCH_TRIGGER_SECONDS (5), BENCH_ONLY (a comma-separated subset of:
+//! limits,shapes,drain,naive,empty,memory,large,scaling,latency,trigger).
 
 mod common;
+mod latency;
 mod memory;
 
 use std::collections::VecDeque;
@@ -356,6 +360,13 @@ fn main() {
     if fx.settings.wants("large") {
         figures.push(memory::large_payloads(&mut fx));
     }
+    let mut sections = Vec::new();
+    if fx.settings.wants("latency") {
+        sections.push(latency::latency(&mut fx));
+    }
+    if fx.settings.wants("trigger") {
+        sections.push(latency::trigger_cost(&mut fx));
+    }
     let mut empty = None;
     if fx.settings.wants("empty") {
         fx.fill(0, 200);
@@ -382,6 +393,12 @@ fn main() {
             "empty run (start, connect, claim nothing, exit), {runs} runs: \
              median {median:.1} ms, p90 {p90:.1} ms, min {min:.1} ms"
         );
+    }
+    for lines in sections {
+        println!();
+        for line in lines {
+            println!("{line}");
+        }
     }
     println!("\ntotal bench time {:.0}s", started.elapsed().as_secs_f64());
     let failed = FAILED.load(std::sync::atomic::Ordering::SeqCst);

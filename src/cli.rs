@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use clap::error::ErrorKind;
+use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 /// --max-attempts when not given: the tenth failure makes an event dead.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
@@ -56,10 +57,27 @@ pub struct Cli {
     pub verbose: u8,
 }
 
+impl Cli {
+    /// What clap's own `requires` cannot check: it counts a flag given as
+    /// OUTBOX_FOLLOW=false as present (clap-rs/clap#5591), so the rule that
+    /// --follow needs --max-duration is checked on the parsed values. A
+    /// follow without an end would never exit, and cron would pile them up.
+    pub fn checked(self) -> Result<Cli, clap::Error> {
+        if self.command.is_none() && self.poll.follow && self.poll.max_duration.is_none() {
+            return Err(Cli::command().error(
+                ErrorKind::MissingRequiredArgument,
+                "--follow needs --max-duration (e.g. --follow --max-duration 55s from an \
+                 every-minute crontab): a follow publishes new events until then",
+            ));
+        }
+        Ok(self)
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Create or upgrade the outbox table (idempotent).
-    Migrate,
+    Migrate(MigrateArgs),
     /// Backlog figures: pending, due, retrying, dead, oldest pending age.
     Status(StatusArgs),
     /// Make events eligible again: attempts 0, last error cleared, due now.
@@ -73,6 +91,14 @@ pub enum Command {
     },
     /// Print the manual page (roff) on stdout.
     Man,
+}
+
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    /// Also install the trigger that wakes `--follow` at each insert (costs
+    /// concurrent producers throughput: see the README, Low latency).
+    #[arg(long)]
+    pub notify: bool,
 }
 
 #[derive(Args, Debug)]
@@ -184,6 +210,12 @@ pub struct PollArgs {
           value_parser = clap::builder::BoolishValueParser::new())]
     pub drain: bool,
 
+    /// A drain that keeps publishing new events as they commit, until
+    /// --max-duration (required with it) or a signal.
+    #[arg(long, env = "OUTBOX_FOLLOW", action = ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub follow: bool,
+
     /// With --drain: stop after N batches.
     #[arg(long, env = "OUTBOX_MAX_BATCHES", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_batches: Option<u64>,
@@ -289,6 +321,15 @@ mod tests {
     #[test]
     fn definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn follow_needs_a_max_duration() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args).unwrap().checked();
+        let error = parse(&["outbox-poll", "--follow"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::MissingRequiredArgument);
+        assert!(parse(&["outbox-poll", "--follow", "--max-duration", "55s"]).is_ok());
+        assert!(parse(&["outbox-poll", "--max-duration", "55s"]).is_ok());
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub struct Relay {
     /// Payload bytes one batch, and all a drain has in flight, may hold.
     pub batch_bytes: i64,
     pub drain: bool,
+    /// --follow: a drain that waits for new events instead of ending.
+    pub follow: bool,
     /// How many batches a drain may have in flight at once.
     pub in_flight: usize,
     pub max_batches: Option<u64>,
@@ -83,8 +85,10 @@ impl Relay {
                 "the exchange name is longer than AMQP's {MAX_EXCHANGE_BYTES} bytes"
             )));
         }
-        // A dry run claims one batch and rolls it back: nothing to drain.
-        let drain = args.drain && !args.dry_run;
+        // A dry run claims one batch and rolls it back: nothing to drain,
+        // nothing to follow.
+        let follow = args.follow && !args.dry_run;
+        let drain = (args.drain || follow) && !args.dry_run;
         Ok(Relay {
             broker: BrokerConfig {
                 uri,
@@ -97,6 +101,7 @@ impl Relay {
             // At most 1 GiB, checked by clap.
             batch_bytes: i64::try_from(args.batch_bytes).unwrap_or(i64::MAX),
             drain,
+            follow,
             in_flight: in_flight(args.batch_size, drain, args.ordered),
             max_batches: args.max_batches,
             max_duration: args.max_duration,

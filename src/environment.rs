@@ -51,7 +51,9 @@ pub fn parse() -> Cli {
             .error(ErrorKind::ValueValidation, &bad.message)
             .exit();
     }
-    Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+    Cli::from_arg_matches(&matches)
+        .and_then(Cli::checked)
+        .unwrap_or_else(|error| error.exit())
 }
 
 /// `arg` as clap should see it: without its variable when that is empty,

@@ -36,7 +36,7 @@ fn run(cli: &Cli) -> Result<Exit> {
             });
             relay::run(cli.json, settings)
         }
-        Some(Command::Migrate) => migrate::run(&database?),
+        Some(Command::Migrate(args)) => migrate::run(&database?, args),
         Some(Command::Status(args)) => status::run(&database?, cli.json, args),
         Some(Command::Requeue(args)) => requeue::run(&database?, cli.json, args),
         Some(Command::Prune(args)) => prune::run(&database?, cli.json, args),

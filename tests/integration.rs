@@ -9,6 +9,7 @@ mod delivery;
 mod environment;
 mod errors;
 mod faults;
+mod follow;
 mod generated;
 mod infra;
 mod memory;

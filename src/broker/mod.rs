@@ -54,8 +54,19 @@ impl Broker {
         }
     }
 
-    pub fn close(self) {
-        if let Some(publisher) = self.publisher {
+    pub fn close(mut self) {
+        self.disconnect();
+    }
+
+    /// Whether a connection is open.
+    pub fn is_connected(&self) -> bool {
+        self.publisher.is_some()
+    }
+
+    /// Closes the connection, if one is open; the next `send` connects
+    /// again. A follow lets go of the broker while nothing is due.
+    pub fn disconnect(&mut self) {
+        if let Some(publisher) = self.publisher.take() {
             publisher.close();
         }
     }

@@ -4,12 +4,13 @@
 
 use anyhow::Result;
 
+use crate::cli::MigrateArgs;
 use crate::config::Database;
 use crate::connect::database::{self, classify, classify_on_table};
 use crate::exit::Exit;
 use crate::sql::migrations::{self, MIGRATIONS};
 
-pub fn run(database: &Database) -> Result<Exit> {
+pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
     let mut client = database::connect(
         &database.config,
         database.connect_timeout,
@@ -30,6 +31,10 @@ pub fn run(database: &Database) -> Result<Exit> {
     // pasted into a string literal or a DO block (see sql::migrations).
     tx.execute(migrations::NAME_THE_TABLE, &[&database.table.quoted()])
         .map_err(|error| classify_on_table(&error, "naming the table", &database.table))?;
+    if args.notify {
+        tx.batch_execute(migrations::OPT_INTO_NOTIFY)
+            .map_err(|error| classify(&error, "opting into the notify trigger", "try again"))?;
+    }
     for (name, sql) in MIGRATIONS {
         tx.batch_execute(&migrations::for_table(sql, &database.table))
             .map_err(|error| {

@@ -106,8 +106,10 @@ impl Drain<'_> {
     /// has always passed or been met before the next one's.
     pub fn run(&mut self, sessions: &mut Vec<Session>) -> Result<()> {
         let mut sessions = Sessions {
+            // Session 0 first: with --follow, later rounds find the
+            // sessions an earlier backlog opened, all idle.
+            idle: (0..sessions.len()).rev().collect(),
             all: sessions,
-            idle: vec![0],
             limit: self.relay.in_flight,
         };
         let mut flight = Flight::new();
@@ -253,13 +255,15 @@ impl Drain<'_> {
     /// opens no new one once --max-batches or --max-duration is reached or
     /// a signal came (those in hand are settled).
     fn may_open(&self, in_flight: usize) -> bool {
-        let relay = self.relay;
         let started = self.totals.batches + in_flight as u64;
-        if started == 0 {
-            return true;
-        }
-        relay.drain
-            && self.stop.requested().is_none()
+        started == 0 || (self.relay.drain && self.within_limits(started))
+    }
+
+    /// Whether a drain that has started `started` batches may go on: no
+    /// signal came, and neither --max-batches nor --max-duration is reached.
+    pub(super) fn within_limits(&self, started: u64) -> bool {
+        let relay = self.relay;
+        self.stop.requested().is_none()
             && relay.max_batches.is_none_or(|max| started < max)
             && relay
                 .max_duration

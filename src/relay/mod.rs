@@ -1,14 +1,17 @@
 //! What happens in one run: connect to PostgreSQL, claim a batch, publish
 //! it, mark what the broker confirmed, commit; with --drain, batch after
-//! batch until nothing is due or a limit is reached. Then the summary and
-//! the metrics file.
+//! batch until nothing is due or a limit is reached; with --follow, on
+//! until --max-duration, publishing new events as they commit. Then the
+//! summary and the metrics file.
 //!
 //! `batch` is one transaction (claim and send, then confirms, marks and
 //! commit), `drain` the loop over batches with several in flight,
-//! `session` a PostgreSQL session with the relay's statements prepared.
+//! `follow` the waits between a follow's rounds of batches, `session` a
+//! PostgreSQL session with the relay's statements prepared.
 
 pub mod batch;
 pub mod drain;
+pub mod follow;
 pub mod session;
 
 use std::time::{Duration, Instant};
@@ -65,7 +68,8 @@ pub fn run(json: bool, settings: Result<(Database, Relay)>) -> Result<Exit> {
     }
 }
 
-/// One batch, or with --drain batch after batch; then the broker closed and
+/// One batch, or with --drain batch after batch, or with --follow rounds
+/// of batches until --max-duration; then the broker closed and
 /// the backlog read for the metrics file, on the run's own session.
 fn run_batches(
     database: &Database,
@@ -84,7 +88,7 @@ fn run_batches(
     let mut sessions = vec![Session::open(database, relay)?];
     let mut broker = Broker::new(relay.broker.clone());
     let mut progress = Progress::new(&mut sessions[0].client, database, relay);
-    let result = Drain {
+    let mut drain = Drain {
         database,
         relay,
         watchdog,
@@ -93,8 +97,11 @@ fn run_batches(
         progress: &mut progress,
         totals,
         started,
-    }
-    .run(&mut sessions);
+    };
+    let result = match relay.follow {
+        true => drain.follow(&mut sessions),
+        false => drain.run(&mut sessions),
+    };
     progress.done(totals);
     watchdog.arm(CLOSE_BUDGET, "closing the broker connection", *totals);
     broker.close();

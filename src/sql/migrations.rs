@@ -13,7 +13,7 @@
 use crate::sql::table::{TableName, quote};
 
 /// Every migration, in the order it runs.
-pub const MIGRATIONS: [(&str, &str); 2] = [
+pub const MIGRATIONS: [(&str, &str); 3] = [
     (
         "0001_create_outbox.sql",
         include_str!("../../migrations/0001_create_outbox.sql"),
@@ -22,10 +22,18 @@ pub const MIGRATIONS: [(&str, &str); 2] = [
         "0002_retry_columns.sql",
         include_str!("../../migrations/0002_retry_columns.sql"),
     ),
+    (
+        "0004_notify.sql",
+        include_str!("../../migrations/0004_notify.sql"),
+    ),
 ];
 
 /// Serialises concurrent migrations (two deploys at once), whatever table.
 pub const LOCK: &str = "SELECT pg_advisory_xact_lock(2052318420)";
+
+/// `migrate --notify`: 0004_notify.sql installs its trigger only in a
+/// transaction that set this (see the file for why it is opt-in).
+pub const OPT_INTO_NOTIFY: &str = "SELECT set_config('outbox_poll.notify', 'on', true)";
 
 /// Names the table for the migrations' DO blocks, for this transaction:
 /// $1 is the quoted table name; they read it with

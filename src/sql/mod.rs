@@ -4,6 +4,7 @@
 
 pub mod figures;
 pub mod migrations;
+pub mod notify;
 pub mod outbox;
 pub mod prune;
 pub mod requeue;

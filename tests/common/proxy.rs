@@ -1,9 +1,9 @@
 //! A TCP proxy the tests own, placed between outbox-poll and a server to
-//! inject faults without touching the shared servers: count connections,
-//! cut every connection now, cut each after N bytes either way, stall
-//! (sockets stay open, nothing moves), let through only the first N
-//! bytes the client sends, or cut a connection once the server has a
-//! given message from the client, before its answer gets back.
+//! inject faults without touching the shared servers: count connections
+//! (and those still open), cut every connection now, cut each after N
+//! bytes either way, stall (sockets stay open, nothing moves), let through
+//! only the first N bytes the client sends, or cut a connection once the
+//! server has a given message from the client, before its answer gets back.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -15,6 +15,11 @@ use std::time::Duration;
 #[derive(Default)]
 struct State {
     connections: AtomicUsize,
+    /// Connections the client has not closed yet.
+    open: AtomicUsize,
+    /// The local port of each connection to the server: the client port
+    /// the server sees (pg_stat_activity.client_port).
+    server_ports: Mutex<Vec<u16>>,
     stalled: AtomicBool,
     /// Bumped by every cut: a pump from an older generation stops, even if
     /// it is stalled and so not reading its socket.
@@ -72,6 +77,17 @@ impl Proxy {
     /// TCP connections accepted so far.
     pub fn connections(&self) -> usize {
         self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted that the client has not closed.
+    pub fn open_connections(&self) -> usize {
+        self.state.open.load(Ordering::SeqCst)
+    }
+
+    /// The ports the proxy connected to the server from, one for each
+    /// connection so far: to find them in pg_stat_activity.
+    pub fn server_ports(&self) -> Vec<u16> {
+        self.state.server_ports.lock().unwrap().clone()
     }
 
     /// Client bytes that reached the server so far.
@@ -167,6 +183,10 @@ pub enum Direction {
 fn connect_pumps(client: TcpStream, server: TcpStream, state: &Arc<State>) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    state.open.fetch_add(1, Ordering::SeqCst);
+    if let Ok(local) = server.local_addr() {
+        state.server_ports.lock().unwrap().push(local.port());
+    }
     {
         let mut sockets = state.sockets.lock().unwrap();
         sockets.push(client.try_clone().unwrap());
@@ -177,7 +197,10 @@ fn connect_pumps(client: TcpStream, server: TcpStream, state: &Arc<State>) {
     // downstream pump then forwards nothing more.
     let severed = Arc::new(AtomicBool::new(false));
     let (up, up_severed) = (Arc::clone(state), Arc::clone(&severed));
-    thread::spawn(move || pump(client, server, &up, &up_severed, true));
+    thread::spawn(move || {
+        pump(client, server, &up, &up_severed, true);
+        up.open.fetch_sub(1, Ordering::SeqCst);
+    });
     let down = Arc::clone(state);
     thread::spawn(move || pump(server2, client2, &down, &severed, false));
 }

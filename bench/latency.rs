@@ -1,0 +1,504 @@
+//! `--follow` (sections "latency" and "trigger").
+//!
+//! latency: end-to-end latency, from the moment a producer's COMMIT
+//! returns to the moment a consumer in this process receives the message
+//! (one clock: the producer and the consumer are threads of the bench), at
+//! steady rates for BENCH_LATENCY_SECONDS each, with `outbox-poll --follow`
+//! (BENCH_BIN) running: on a table with the notify trigger (`migrate
+//! --notify`) and on one without (the follow polls). The producer commits
+//! 100 transactions a second, of rate/100 events each (one event at 100/s,
+//! ten at 1,000/s). Compared in the same run with an every-10-s crontab,
+//! measured: the same binary run with --drain at 10, 20 and 30 s into the
+//! same producer's run (the crontab's one-batch lines could not keep up
+//! with 100 events/s). Then the CPU an idle follow uses over
+//! BENCH_IDLE_SECONDS, its own and that of its PostgreSQL backend (utime +
+//! stime from /proc/PID/stat), for both tables.
+//!
+//! trigger: what the notify trigger costs producers: inserts/s into a table
+//! with it and one without, single-row and 100-row transactions, 1 and 8
+//! concurrent producers, BENCH_TRIGGER_SECONDS each, every pair measured
+//! twice, alternating.
+//!
+//! Every figure is printed with the 1-minute load average when it was
+//! taken: the machine may be shared.
+
+use std::collections::HashMap;
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, ExchangeKind};
+use postgres::{Client, NoTls};
+
+use crate::common::{Fixture, check, env_list, env_or};
+
+/// Commits a second, whatever the rate of events.
+const COMMITS_PER_SECOND: u64 = 100;
+/// The crontab compared: a run every 10 seconds.
+const CRON_EVERY: Duration = Duration::from_secs(10);
+/// How long after the producer's last commit every event must have arrived.
+const ARRIVAL_LIMIT: Duration = Duration::from_secs(30);
+
+/// One table of the bench's schema, migrated with or without the trigger,
+/// its own exchange and a queue bound to every key, and the times at which
+/// the consumer received each event id.
+struct Lane {
+    table: String,
+    exchange: String,
+    channel: Channel,
+    received: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl Lane {
+    fn new(fx: &Fixture, suffix: &str, notify: bool) -> Lane {
+        let table = migrated(fx, suffix, notify);
+        let exchange = format!("{}_{suffix}", fx.name);
+        let received = Arc::new(Mutex::new(HashMap::new()));
+        let channel = fx.runtime.block_on(async {
+            let channel = fx.connection.create_channel().await.unwrap();
+            let durable = ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            };
+            let none = FieldTable::default;
+            channel
+                .exchange_declare(
+                    exchange.as_str().into(),
+                    ExchangeKind::Topic,
+                    durable,
+                    none(),
+                )
+                .await
+                .unwrap();
+            let queue = QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            };
+            channel
+                .queue_declare(exchange.as_str().into(), queue, none())
+                .await
+                .unwrap();
+            channel
+                .queue_bind(
+                    exchange.as_str().into(),
+                    exchange.as_str().into(),
+                    "#".into(),
+                    QueueBindOptions::default(),
+                    none(),
+                )
+                .await
+                .unwrap();
+            let consume = BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            };
+            let mut consumer = channel
+                .basic_consume(exchange.as_str().into(), "latency".into(), consume, none())
+                .await
+                .unwrap();
+            let received = Arc::clone(&received);
+            tokio::spawn(async move {
+                while let Some(Ok(delivery)) = consumer.next().await {
+                    let at = Instant::now();
+                    if let Some(id) = delivery.properties.message_id() {
+                        received.lock().unwrap().entry(id.to_string()).or_insert(at);
+                    }
+                }
+            });
+            channel
+        });
+        Lane {
+            table,
+            exchange,
+            channel,
+            received,
+        }
+    }
+
+    /// The binary with this lane's table and exchange.
+    fn command(&self, fx: &Fixture, args: &[&str]) -> Command {
+        let mut command = fx.command();
+        command
+            .args(["--table", &self.table, "--exchange", &self.exchange])
+            .args(args);
+        command
+    }
+
+    fn empty(&self, fx: &mut Fixture) {
+        empty(fx, &self.table);
+        self.received.lock().unwrap().clear();
+    }
+
+    fn remove(self, fx: &Fixture) {
+        fx.runtime.block_on(async {
+            let _ = self
+                .channel
+                .queue_delete(self.exchange.as_str().into(), QueueDeleteOptions::default())
+                .await;
+            let _ = self
+                .channel
+                .exchange_delete(
+                    self.exchange.as_str().into(),
+                    ExchangeDeleteOptions::default(),
+                )
+                .await;
+            let _ = self.channel.close(200, "bye".into()).await;
+        });
+    }
+}
+
+/// A table `suffix` in the bench's schema, migrated, with the notify
+/// trigger or without.
+fn migrated(fx: &Fixture, suffix: &str, notify: bool) -> String {
+    let table = format!("{}.{suffix}", fx.name);
+    let mut migrate = fx.command();
+    migrate.args(["migrate", "--table", &table]);
+    if notify {
+        migrate.arg("--notify");
+    }
+    assert!(migrate.status().unwrap().success(), "migrating {table}");
+    table
+}
+
+fn empty(fx: &mut Fixture, table: &str) {
+    fx.db.batch_execute(&format!("TRUNCATE {table}")).unwrap();
+}
+
+/// When each event's COMMIT returned.
+type Commits = Vec<(String, Instant)>;
+
+/// A way of relaying a lane's events while the producer runs at a rate
+/// for a number of seconds.
+type Relaying = fn(&mut Fixture, &Lane, u64, u64) -> Commits;
+
+/// Commits COMMITS_PER_SECOND transactions a second of rate/100 events each
+/// into `table`, for `seconds`, on a thread of its own. Late commits are
+/// not made up for by bursts: the achieved rate is reported.
+fn produce(url: String, table: String, rate: u64, seconds: u64) -> thread::JoinHandle<Commits> {
+    // Ids of their own for each run: no late message of another run can
+    // be taken for one of these.
+    let tag = format!("lat-{rate}-{:?}", Instant::now());
+    thread::spawn(move || {
+        let mut client = Client::connect(&url, NoTls).unwrap();
+        let insert = client
+            .prepare(&format!(
+                "INSERT INTO {table} (event_id, event_type, payload) \
+                 SELECT $3 || '-' || g, 'latency.measured', \
+                        jsonb_build_object('n', g, 'note', repeat('x', 150)) \
+                 FROM generate_series($1::bigint, $2::bigint) g"
+            ))
+            .unwrap();
+        let per_commit = (rate / COMMITS_PER_SECOND).max(1) as i64;
+        let started = Instant::now();
+        let mut commits = Vec::new();
+        for k in 0..COMMITS_PER_SECOND * seconds {
+            let due = started + Duration::from_secs_f64(k as f64 / COMMITS_PER_SECOND as f64);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                thread::sleep(wait);
+            }
+            let first = k as i64 * per_commit;
+            client
+                .execute(&insert, &[&first, &(first + per_commit - 1), &tag])
+                .unwrap();
+            let at = Instant::now();
+            commits.extend((first..first + per_commit).map(|n| (format!("{tag}-{n}"), at)));
+        }
+        commits
+    })
+}
+
+fn load() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split(' ').next().unwrap_or("?").to_string()
+}
+
+fn signal(child: &Child, name: &str) {
+    let _ = Command::new("kill")
+        .args([name, &child.id().to_string()])
+        .status();
+}
+
+/// The latencies of the events received, in milliseconds and sorted, and
+/// how many never arrived.
+fn latencies(lane: &Lane, commits: &Commits) -> (Vec<f64>, usize) {
+    let received = lane.received.lock().unwrap();
+    let mut latencies: Vec<f64> = commits
+        .iter()
+        .filter_map(|(id, at)| {
+            received
+                .get(id)
+                .map(|got| got.saturating_duration_since(*at))
+        })
+        .map(|latency| latency.as_secs_f64() * 1000.0)
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let lost = commits.len() - latencies.len();
+    (latencies, lost)
+}
+
+/// Waits until every committed event has arrived, at most ARRIVAL_LIMIT.
+fn await_arrivals(lane: &Lane, commits: &Commits) {
+    let deadline = Instant::now() + ARRIVAL_LIMIT;
+    while Instant::now() < deadline && lane.received.lock().unwrap().len() < commits.len() {
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One line of the latency table.
+fn latency_line(name: &str, rate: u64, seconds: u64, lane: &Lane, commits: &Commits) -> String {
+    let (latencies, lost) = latencies(lane, commits);
+    check(
+        lost > 0,
+        &format!("{name} at {rate}/s: {lost} events never arrived"),
+    );
+    let at = |q: f64| match latencies.len() {
+        0 => f64::NAN,
+        n => latencies[((n as f64 - 1.0) * q).round() as usize],
+    };
+    let achieved = commits.len() as f64 / seconds as f64;
+    format!(
+        "| {name:<34} | {rate:>6} | {achieved:>8.0} | {:>9.1} | {:>9.1} | {:>9.1} | {lost:>4} | {:>5} |",
+        at(0.5),
+        at(0.99),
+        latencies.last().copied().unwrap_or(f64::NAN),
+        load()
+    )
+}
+
+/// `outbox-poll --follow` on `lane` while the producer runs at `rate`.
+fn follow(fx: &mut Fixture, lane: &Lane, rate: u64, seconds: u64) -> Commits {
+    lane.empty(fx);
+    let limit = format!("{}s", seconds + ARRIVAL_LIMIT.as_secs() + 10);
+    let follower = lane
+        .command(fx, &["--follow", "--max-duration", &limit, "--json"])
+        .spawn()
+        .expect("starting outbox-poll --follow");
+    thread::sleep(Duration::from_secs(1));
+    let producer = produce(
+        fx.settings.database_url.clone(),
+        lane.table.clone(),
+        rate,
+        seconds,
+    );
+    let commits = producer.join().unwrap();
+    await_arrivals(lane, &commits);
+    signal(&follower, "-INT");
+    let output = follower.wait_with_output().unwrap();
+    let code = output.status.code();
+    check(
+        code != Some(130),
+        &format!("the follow exited {code:?} on SIGINT, not 130"),
+    );
+    commits
+}
+
+/// The plain binary with --drain every CRON_EVERY while the producer runs.
+fn cron(fx: &mut Fixture, lane: &Lane, rate: u64, seconds: u64) -> Commits {
+    lane.empty(fx);
+    let started = Instant::now();
+    let producer = produce(
+        fx.settings.database_url.clone(),
+        lane.table.clone(),
+        rate,
+        seconds,
+    );
+    let mut tick = CRON_EVERY;
+    while tick.as_secs() <= seconds {
+        if let Some(wait) = (started + tick).checked_duration_since(Instant::now()) {
+            thread::sleep(wait);
+        }
+        let status = lane.command(fx, &["--drain"]).status().unwrap();
+        check(!status.success(), &format!("a cron run exited {status}"));
+        tick += CRON_EVERY;
+    }
+    let commits = producer.join().unwrap();
+    // A commit after the last tick waits for the next one.
+    let status = lane.command(fx, &["--drain"]).status().unwrap();
+    check(!status.success(), &format!("a cron run exited {status}"));
+    await_arrivals(lane, &commits);
+    commits
+}
+
+/// CPU (ms) an idle follow on `lane` uses over `seconds`: its own, and its
+/// PostgreSQL backend's.
+fn idle_cpu(fx: &mut Fixture, lane: &Lane, seconds: u64) -> (u64, Option<u64>) {
+    lane.empty(fx);
+    let limit = format!("{}s", seconds + 10);
+    let follower = lane
+        .command(fx, &["--follow", "--max-duration", &limit])
+        .spawn()
+        .expect("starting outbox-poll --follow");
+    thread::sleep(Duration::from_secs(2));
+    let backend = backend_of(fx, follower.id());
+    let before = (cpu_ms(follower.id()), backend.and_then(cpu_ms));
+    thread::sleep(Duration::from_secs(seconds));
+    let after = (cpu_ms(follower.id()), backend.and_then(cpu_ms));
+    signal(&follower, "-TERM");
+    let _ = follower.wait_with_output();
+    let own = after.0.unwrap_or(0) - before.0.unwrap_or(0);
+    let server = after.1.zip(before.1).map(|(after, before)| after - before);
+    (own, server)
+}
+
+/// utime + stime of a process, in ms (/proc counts USER_HZ, 100 a second).
+fn cpu_ms(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().ok()? + fields[12].parse::<u64>().ok()?;
+    Some(ticks * 10)
+}
+
+/// The PostgreSQL backend serving `pid`'s one session: found by the local
+/// port of the process's socket to the server, as pg_stat_activity shows it.
+fn backend_of(fx: &mut Fixture, pid: u32) -> Option<u32> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            link.strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(String::from)
+        })
+        .collect();
+    let ports: Vec<i32> = ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|file| std::fs::read_to_string(format!("/proc/{pid}/net/{file}")).ok())
+        .flat_map(|table| table.lines().skip(1).map(String::from).collect::<Vec<_>>())
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, inode) = (fields.get(1)?, fields.get(9)?);
+            let port = i32::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+            inodes.contains(&inode.to_string()).then_some(port)
+        })
+        .collect();
+    let row = fx
+        .db
+        .query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE client_port = ANY($1)",
+            &[&ports],
+        )
+        .ok()??;
+    u32::try_from(row.get::<_, i32>(0)).ok()
+}
+
+/// The "latency" section: its lines, printed after the main table.
+pub fn latency(fx: &mut Fixture) -> Vec<String> {
+    let seconds: u64 = env_or("BENCH_LATENCY_SECONDS", "30").parse().unwrap();
+    let idle_seconds: u64 = env_or("BENCH_IDLE_SECONDS", "60").parse().unwrap();
+    let rates = env_list("BENCH_LATENCY_RATES", "100,1000");
+    let notified = Lane::new(fx, "latency_notify", true);
+    let polled = Lane::new(fx, "latency_poll", false);
+    let mut lines = vec![
+        format!(
+            "latency, commit to receipt, {seconds} s at each rate ({COMMITS_PER_SECOND} commits/s):"
+        ),
+        format!(
+            "| {:<34} | {:>6} | {:>8} | {:>9} | {:>9} | {:>9} | {:>4} | {:>5} |",
+            "relay", "rate/s", "achieved", "p50 ms", "p99 ms", "max ms", "lost", "load"
+        ),
+        format!("|{}|---:|---:|---:|---:|---:|---:|---:|", "-".repeat(36)),
+    ];
+    for rate in rates {
+        let rate = rate as u64;
+        let runs: [(&str, &Lane, Relaying); 3] = [
+            ("--follow, notify trigger", &notified, follow),
+            ("--follow, polling (no trigger)", &polled, follow),
+            ("--drain every 10 s (cron)", &polled, cron),
+        ];
+        for (name, lane, run) in runs {
+            let commits = run(fx, lane, rate, seconds);
+            let line = latency_line(name, rate, seconds, lane, &commits);
+            eprintln!("bench: {line}");
+            lines.push(line);
+        }
+    }
+    lines.push(format!("idle --follow, CPU over {idle_seconds} s:"));
+    for (name, lane) in [("notify trigger", &notified), ("polling", &polled)] {
+        let (own, server) = idle_cpu(fx, lane, idle_seconds);
+        let server = server.map_or("?".into(), |ms| format!("{ms} ms"));
+        let line = format!(
+            "  {name}: outbox-poll {own} ms, its PostgreSQL backend {server} (load {})",
+            load()
+        );
+        eprintln!("bench: {line}");
+        lines.push(line);
+    }
+    notified.remove(fx);
+    polled.remove(fx);
+    lines
+}
+
+/// Rows a second that `producers` connections insert into `table` in
+/// transactions of `rows` rows, over `seconds`.
+fn insert_rate(fx: &Fixture, table: &str, producers: usize, rows: i64, seconds: f64) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let threads: Vec<_> = (0..producers)
+        .map(|p| {
+            let (url, table) = (fx.settings.database_url.clone(), table.to_string());
+            thread::spawn(move || {
+                let mut client = Client::connect(&url, NoTls).unwrap();
+                let insert = client
+                    .prepare(&format!(
+                        "INSERT INTO {table} (event_id, event_type, payload) \
+                         SELECT $1 || '-' || g, 'order.created', \
+                                jsonb_build_object('n', g, 'note', repeat('x', 150)) \
+                         FROM generate_series(1, $2::bigint) g"
+                    ))
+                    .unwrap();
+                let mut inserted = 0;
+                let mut k = 0u64;
+                while Instant::now() < deadline {
+                    let prefix = format!("p{p}-{k}");
+                    client.execute(&insert, &[&prefix, &rows]).unwrap();
+                    inserted += rows;
+                    k += 1;
+                }
+                inserted
+            })
+        })
+        .collect();
+    let inserted: i64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    inserted as f64 / seconds
+}
+
+/// The "trigger" section: its lines, printed after the main table.
+pub fn trigger_cost(fx: &mut Fixture) -> Vec<String> {
+    let seconds: f64 = env_or("BENCH_TRIGGER_SECONDS", "5").parse().unwrap();
+    let with = migrated(fx, "trigger_on", true);
+    let without = migrated(fx, "trigger_off", false);
+    let mut lines = vec![
+        format!(
+            "what the notify trigger costs producers, inserts/s, {seconds} s each, measured twice:"
+        ),
+        format!(
+            "| {:<9} | {:>11} | {:>16} | {:>16} | {:>7} | {:>9} |",
+            "producers", "rows per tx", "without trigger", "with trigger", "change", "load"
+        ),
+        "|---:|---:|---:|---:|---:|---:|".to_string(),
+    ];
+    for (producers, rows) in [(1, 1), (8, 1), (1, 100), (8, 100)] {
+        let (mut off, mut on) = (0.0, 0.0);
+        for _ in 0..2 {
+            for (table, total) in [(&without, &mut off), (&with, &mut on)] {
+                empty(fx, table);
+                *total += insert_rate(fx, table, producers, rows, seconds) / 2.0;
+            }
+        }
+        let line = format!(
+            "| {producers:>9} | {rows:>11} | {off:>16.0} | {on:>16.0} | {:>+6.0}% | {:>9} |",
+            100.0 * (on - off) / off,
+            load()
+        );
+        eprintln!("bench: {line}");
+        lines.push(line);
+    }
+    lines
+}

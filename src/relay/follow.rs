@@ -1,0 +1,192 @@
+//! --follow: a drain that does not end when the backlog is gone. It runs
+//! rounds of batches as a drain does (each round ends with a claim that
+//! found nothing, so after each batch it claims again before it waits),
+//! and between rounds it waits for new events until --max-duration or a
+//! signal.
+//!
+//! While it waits it holds one PostgreSQL session, idle and outside any
+//! transaction (no xmin held back, no row locks), LISTENing on the table's
+//! channel; once it has been quiet for LINGER it holds nothing else: no
+//! broker connection, none of the sessions a backlog opened.
+//!
+//! With the table's notify trigger (`migrate --notify`), a producer's
+//! commit wakes it at once; a notification sent while a batch was in hand
+//! waits in the session and ends the next wait at once. It still claims
+//! every SAFETY_POLL, for what no insert announces (a backoff that ran
+//! out, a requeue, rows a killed run gave back). Without the trigger it
+//! polls, after a quarter of the time it has been quiet: every
+//! FASTEST_POLL while events keep coming, every SLOWEST_POLL once quiet
+//! for a second.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow};
+use postgres::Client;
+use postgres::fallible_iterator::FallibleIterator;
+
+use crate::connect::database::{STATEMENT_TIMEOUT, classify};
+use crate::exit;
+use crate::guard::watchdog::MARGIN;
+use crate::relay::CLOSE_BUDGET;
+use crate::relay::drain::Drain;
+use crate::relay::session::Session;
+use crate::sql::notify;
+
+/// The longest one wait lasts before the run looks at the signals and
+/// --max-duration again: a signal ends a follow within a second.
+const SLICE: Duration = Duration::from_millis(250);
+/// With the notify trigger: how often a quiet follow claims all the same.
+/// Retries and requeues are never due to the millisecond.
+const SAFETY_POLL: Duration = Duration::from_secs(1);
+/// Without it: a follow claims again after a quarter of the time it has
+/// been quiet, so an event that ends a quiet spell waits at most a quarter
+/// of that spell, between these bounds. Each claim costs the server a few
+/// statements: a quiet follow makes 4 a second and still publishes an
+/// event within a fraction of a second (see README, Low latency).
+const QUIET_SHARE: u32 = 4;
+const FASTEST_POLL: Duration = Duration::from_millis(10);
+const SLOWEST_POLL: Duration = Duration::from_millis(250);
+/// How long after its last batch a follow keeps the broker connection and
+/// the extra sessions a backlog opened. Events less than this apart reuse
+/// them rather than paying a reconnect each (RabbitMQ's handshake, the
+/// exchange check and a channel; a PostgreSQL backend and its prepared
+/// statements); a quiet follow holds them no longer than this.
+const LINGER: Duration = Duration::from_secs(2);
+
+impl Drain<'_> {
+    /// Rounds of batches until --max-duration, --max-batches, a signal or
+    /// a failure. `sessions` holds the run's first session, which listens.
+    pub fn follow(&mut self, sessions: &mut Vec<Session>) -> Result<()> {
+        let budget = 2 * STATEMENT_TIMEOUT + MARGIN;
+        self.watchdog
+            .arm(budget, "listening for new events", *self.totals);
+        let listening = notify::listen(&mut sessions[0].client, &self.database.table)?;
+        match listening.notified {
+            true => log::info!("following: woken by the table's notify trigger"),
+            false => log::info!(
+                "following by polling: the table has no notify trigger (`outbox-poll migrate \
+                 --notify` installs it; see README, Low latency)"
+            ),
+        }
+        let mut busy_at = Instant::now();
+        loop {
+            let claimed = self.totals.claimed;
+            self.run(sessions)?;
+            if self.totals.claimed > claimed {
+                busy_at = Instant::now();
+            }
+            if !self.within_limits(self.totals.batches) {
+                return Ok(());
+            }
+            let poll = next_poll(listening.notified, busy_at.elapsed());
+            self.wait(sessions, Instant::now() + poll, busy_at)?;
+        }
+    }
+
+    /// Waits, in slices of at most SLICE, until a notification, `poll_at`,
+    /// --max-duration or a signal; lets go of the broker and the extra
+    /// sessions LINGER after `busy_at`, the end of the last batch.
+    fn wait(
+        &mut self,
+        sessions: &mut Vec<Session>,
+        poll_at: Instant,
+        busy_at: Instant,
+    ) -> Result<()> {
+        let end = self.relay.max_duration.map(|max| self.started + max);
+        loop {
+            let now = Instant::now();
+            let holding = self.broker.is_connected() || sessions.len() > 1;
+            if holding && now >= busy_at + LINGER {
+                self.let_go(sessions);
+                continue;
+            }
+            if now >= poll_at || !self.within_limits(self.totals.batches) {
+                return Ok(());
+            }
+            let mut until = poll_at.min(now + SLICE);
+            if holding {
+                until = until.min(busy_at + LINGER);
+            }
+            if let Some(end) = end {
+                until = until.min(end);
+            }
+            self.watchdog
+                .arm(SLICE + MARGIN, "waiting for new events", *self.totals);
+            if notified(&mut sessions[0].client, until - now)? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// What a quiet follow does not need: the broker connection, and every
+    /// session but the one that listens.
+    fn let_go(&mut self, sessions: &mut Vec<Session>) {
+        log::debug!(
+            "quiet for {}: closing the broker connection and {} other sessions",
+            humantime::format_duration(LINGER),
+            sessions.len() - 1
+        );
+        self.watchdog
+            .arm(CLOSE_BUDGET, "closing idle connections", *self.totals);
+        self.broker.disconnect();
+        sessions.truncate(1);
+    }
+}
+
+/// How long to wait for a notification before claiming anyway, after
+/// being `quiet` since the last claim that found events.
+fn next_poll(notified: bool, quiet: Duration) -> Duration {
+    match notified {
+        true => SAFETY_POLL,
+        false => (quiet / QUIET_SHARE).clamp(FASTEST_POLL, SLOWEST_POLL),
+    }
+}
+
+/// Waits at most `limit` for a notification on the session; true if one
+/// came. It then takes every other one already there too: one claim
+/// answers them all, since each was sent by a commit that came before it.
+fn notified(client: &mut Client, limit: Duration) -> Result<bool> {
+    let advice = "the events committed meanwhile are sent by the next run";
+    let lost = |error: postgres::Error| classify(&error, "waiting for new events", advice);
+    {
+        let mut notifications = client.notifications();
+        if notifications
+            .timeout_iter(limit)
+            .next()
+            .map_err(lost)?
+            .is_some()
+        {
+            while notifications.iter().next().map_err(lost)?.is_some() {}
+            return Ok(true);
+        }
+    }
+    // The driver also ends the wait early, with nothing, when the server
+    // has gone.
+    if client.is_closed() {
+        return Err(exit::outage(anyhow!(
+            "waiting for new events: the connection to PostgreSQL was lost; {advice}"
+        )));
+    }
+    Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polling_waits_a_quarter_of_the_quiet_between_10_and_250_ms() {
+        let polls: Vec<u128> = [0, 20, 100, 400, 1000, 60_000]
+            .into_iter()
+            .map(|quiet| next_poll(false, Duration::from_millis(quiet)).as_millis())
+            .collect();
+        assert_eq!(polls, [10, 10, 25, 100, 250, 250]);
+    }
+
+    #[test]
+    fn with_the_trigger_a_follow_claims_once_a_second_all_the_same() {
+        for quiet in [Duration::ZERO, Duration::from_secs(60)] {
+            assert_eq!(next_poll(true, quiet), SAFETY_POLL);
+        }
+    }
+}
