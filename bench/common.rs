@@ -47,6 +47,11 @@ pub struct Settings {
     pub batches: Vec<i64>,
     pub scaling: Vec<i64>,
     pub scaling_batch: i64,
+    /// Whether a fill ends with VACUUM as well as ANALYZE (BENCH_FILL=vacuum;
+    /// default analyze). A relay meets a backlog its producers have just
+    /// written, which no vacuum has visited: the relay's first reads of
+    /// each row then set its hint bits, which a vacuumed table has already.
+    pub fill_vacuum: bool,
     pub only: Option<Vec<String>>,
 }
 
@@ -64,16 +69,24 @@ impl Settings {
             batches: env_list("BENCH_BATCHES", "100,1000,5000"),
             scaling: env_list("BENCH_SCALING", "1,2,4"),
             scaling_batch: env_or("BENCH_SCALING_BATCH", "1000").parse().unwrap(),
+            fill_vacuum: env_or("BENCH_FILL", "analyze") == "vacuum",
             only: std::env::var("BENCH_ONLY")
                 .ok()
                 .map(|s| s.split(',').map(|p| p.trim().to_string()).collect()),
         }
     }
 
+    /// Whether to run `section`: every section when BENCH_ONLY is unset.
     pub fn wants(&self, section: &str) -> bool {
+        self.only.is_none() || self.named(section)
+    }
+
+    /// Whether BENCH_ONLY names `section`: the sections that fill millions
+    /// of rows run only when asked for.
+    pub fn named(&self, section: &str) -> bool {
         self.only
             .as_ref()
-            .is_none_or(|only| only.iter().any(|s| s == section))
+            .is_some_and(|only| only.iter().any(|s| s == section))
     }
 }
 
@@ -94,11 +107,103 @@ pub struct Figure {
     pub seconds: f64,
     pub rss_kb: Option<u64>,
     pub verified: String,
+    /// The machine's load average (1 minute) when the figure was taken:
+    /// figures taken beside other work are not comparable.
+    pub load: f64,
 }
 
 impl Figure {
     pub fn rate(&self) -> f64 {
         self.events as f64 / self.seconds
+    }
+}
+
+/// The load average over the last minute, from /proc/loadavg (0 where
+/// there is none).
+pub fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// What the sections measured: the figures of the table, the two limits
+/// they are compared with, and the lines printed under it (figures that
+/// are not rates: milliseconds, sizes, ratios to a baseline).
+pub struct Results {
+    pub figures: Vec<Figure>,
+    pub broker: Option<f64>,
+    pub pg: Option<f64>,
+    pub notes: Vec<String>,
+    /// Sections of their own, printed after the table (--follow's latency).
+    pub blocks: Vec<Vec<String>>,
+    pub started: Instant,
+}
+
+impl Results {
+    pub fn new() -> Results {
+        Results {
+            figures: Vec::new(),
+            broker: None,
+            pg: None,
+            notes: Vec::new(),
+            blocks: Vec::new(),
+            started: Instant::now(),
+        }
+    }
+
+    pub fn push(&mut self, figure: Figure) {
+        eprintln!(
+            "bench: {}: {:.0}/s, {} (load {:.2})",
+            figure.name,
+            figure.rate(),
+            figure.verified,
+            figure.load
+        );
+        self.figures.push(figure);
+    }
+
+    /// A section of its own lines, printed after the table.
+    pub fn block(&mut self, lines: Vec<String>) {
+        self.blocks.push(lines);
+    }
+
+    /// A line under the table, with the load average now.
+    pub fn note(&mut self, line: String) {
+        let line = format!("{line} (load {:.2})", load_average());
+        eprintln!("bench: {line}");
+        self.notes.push(line);
+    }
+
+    pub fn section_done(&self, section: &str) {
+        eprintln!(
+            "bench: {section} done at {:.0}s",
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+
+    pub fn print(&self) {
+        println!();
+        header();
+        for figure in &self.figures {
+            print_figure(figure, self.broker, self.pg);
+        }
+        if !self.notes.is_empty() {
+            println!();
+        }
+        for note in &self.notes {
+            println!("{note}");
+        }
+        for block in &self.blocks {
+            println!();
+            for line in block {
+                println!("{line}");
+            }
+        }
+        println!(
+            "\ntotal bench time {:.0}s",
+            self.started.elapsed().as_secs_f64()
+        );
     }
 }
 
@@ -220,27 +325,16 @@ impl Fixture {
     pub fn fill(&mut self, count: i64, bytes: i64) -> f64 {
         self.purge();
         let table = self.table();
-        // The rest of the object prints as 84 to 98 bytes: the mean payload
-        // is about 13 bytes under `bytes` (200: 187, 1024: 1011).
-        let note = (bytes - 110).max(0);
         self.db
             .batch_execute(&format!("TRUNCATE {table} RESTART IDENTITY"))
             .unwrap();
+        self.insert_events("ev", count, bytes, "now()", false);
+        let analyze = match self.settings.fill_vacuum {
+            true => "VACUUM ANALYZE",
+            false => "ANALYZE",
+        };
         self.db
-            .execute(
-                &format!(
-                    "INSERT INTO {table} (event_id, event_type, payload) \
-                     SELECT 'ev-' || g, 'order.created', jsonb_build_object( \
-                       'order_id', g, 'customer', 'cust-' || (g % 977), \
-                       'amount_cents', (g * 7919) % 100000, 'currency', 'EUR', \
-                       'note', repeat('x', $2::int)) \
-                     FROM generate_series(1, $1::bigint) g"
-                ),
-                &[&count, &(note as i32)],
-            )
-            .unwrap();
-        self.db
-            .batch_execute(&format!("VACUUM ANALYZE {table}"))
+            .batch_execute(&format!("{analyze} {table}"))
             .unwrap();
         let row = self
             .db
@@ -252,6 +346,36 @@ impl Fixture {
         row.get(0)
     }
 
+    /// Inserts `count` events `<prefix>-1` .. of about `bytes` bytes of JSON
+    /// each, created at `created` (an SQL expression of the series number
+    /// g: the bench's own constants), and if `published` published a
+    /// minute later.
+    pub fn insert_events(
+        &mut self,
+        prefix: &str,
+        count: i64,
+        bytes: i64,
+        created: &str,
+        published: bool,
+    ) {
+        // The rest of the object prints as 84 to 98 bytes: the mean payload
+        // is about 13 bytes under `bytes` (200: 187, 1024: 1011).
+        let note = (bytes - 110).max(0) as i32;
+        let sql = format!(
+            "INSERT INTO {} (event_id, event_type, payload, created_at, published_at) \
+             SELECT $3 || '-' || g, 'order.created', jsonb_build_object( \
+               'order_id', g, 'customer', 'cust-' || (g % 977), \
+               'amount_cents', (g * 7919) % 100000, 'currency', 'EUR', \
+               'note', repeat('x', $2::int)), \
+               created, CASE WHEN $4 THEN created + interval '1 minute' END \
+             FROM (SELECT g, {created} AS created FROM generate_series(1, $1::bigint) g) s",
+            self.table()
+        );
+        self.db
+            .execute(&sql, &[&count, &note, &prefix, &published])
+            .unwrap();
+    }
+
     pub fn purge(&self) {
         self.runtime.block_on(async {
             self.channel
@@ -259,6 +383,24 @@ impl Fixture {
                 .await
                 .unwrap();
         });
+    }
+
+    /// The table's rows, whatever their state.
+    pub fn remaining(&mut self) -> i64 {
+        let sql = format!("SELECT count(*) FROM {}", self.table());
+        self.db.query_one(&sql, &[]).unwrap().get(0)
+    }
+
+    /// The table's size on disk with its indexes and TOAST, its partitions
+    /// summed, in bytes.
+    pub fn table_size(&mut self) -> i64 {
+        let sql = format!(
+            "SELECT sum(pg_total_relation_size(oid))::bigint FROM pg_class \
+             WHERE oid = '{t}'::regclass \
+                OR oid IN (SELECT relid FROM pg_partition_tree('{t}'::regclass))",
+            t = self.table()
+        );
+        self.db.query_one(&sql, &[]).unwrap().get(0)
     }
 
     pub fn unmarked(&mut self) -> i64 {
@@ -451,7 +593,7 @@ pub fn print_figure(figure: &Figure, broker: Option<f64>, pg: Option<f64>) {
         None => "      -".into(),
     };
     println!(
-        "| {:<58} | {:>7} | {:>6.2} | {:>8.0} | {} | {} | {} | {} |",
+        "| {:<58} | {:>7} | {:>6.2} | {:>8.0} | {} | {} | {} | {:>5.2} | {} |",
         figure.name,
         figure.events,
         figure.seconds,
@@ -459,14 +601,18 @@ pub fn print_figure(figure: &Figure, broker: Option<f64>, pg: Option<f64>) {
         rss,
         ratio(broker),
         ratio(pg),
+        figure.load,
         figure.verified
     );
 }
 
 pub fn header() {
     println!(
-        "| {:<58} | {:>7} | {:>6} | {:>8} | {:>7} | {:>6} | {:>5} | verified |",
-        "run", "events", "s", "events/s", "RSS MiB", "/broker", "/pg"
+        "| {:<58} | {:>7} | {:>6} | {:>8} | {:>7} | {:>6} | {:>5} | {:>5} | verified |",
+        "run", "events", "s", "events/s", "RSS MiB", "/broker", "/pg", "load"
     );
-    println!("|{}|---:|---:|---:|---:|---:|---:|---|", "-".repeat(60));
+    println!(
+        "|{}|---:|---:|---:|---:|---:|---:|---:|---|",
+        "-".repeat(60)
+    );
 }

@@ -3,7 +3,7 @@
 //! each, at --batch-size 10: one batch of all ten, unless --batch-bytes
 //! cuts it. A size, not a timing: a busy machine does not change it.
 
-use crate::common::{Figure, Fixture, check};
+use crate::common::{Figure, Fixture, check, load_average};
 
 pub fn large_payloads(fx: &mut Fixture) -> Figure {
     let name = "memory: 10 x 50 MB events, --drain --batch-size 10";
@@ -24,5 +24,6 @@ pub fn large_payloads(fx: &mut Fixture) -> Figure {
         seconds,
         rss_kb: rss,
         verified,
+        load: load_average(),
     }
 }

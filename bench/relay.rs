@@ -2,15 +2,17 @@
 //!
 //! One run, on its own schema, exchange and queue (all removed at the end):
 //! fills an outbox with ~200-byte JSON events, measures the release binary's
-//! `--drain` at several batch sizes, and in the same run the two limits
-//! (PostgreSQL-only claim+mark loop, RabbitMQ-only pipelined publish with
-//! confirms), a naive per-event baseline, the empty-run latency, memory at
-//! 1 KB payloads and at 50 MB ones (bench/memory.rs), and concurrent
-//! drains; `latency.rs` measures --follow (latency from commit to receipt,
-//! idle CPU) and what its notify trigger costs producers. Every measured
-//! run is verified:
+//! `--drain` at several batch sizes (marking, and with --on-publish
+//! delete), and in the same run the two limits (PostgreSQL-only claim+mark
+//! loop, RabbitMQ-only pipelined publish with confirms), a naive per-event
+//! baseline, the empty-run latency, memory at 1 KB payloads and at 50 MB
+//! ones (bench/memory.rs), concurrent drains, --follow's latency from
+//! commit to receipt, its idle CPU and what its notify trigger costs
+//! producers (bench/latency.rs), and (bench/scale.rs) the table at scale:
+//! millions of rows, a prune, partitions. Every measured run is verified:
 //! every event arrived (duplicates and losses counted) and every row is
-//! marked; any loss is reported as FAILURE and the exit code is 1.
+//! marked (or deleted); any loss is reported as FAILURE and the exit code
+//! is 1. Every figure carries the load average it was taken at.
 //!
 //! Peak RSS comes from GNU time (/usr/bin/time), which forks the child
 //! itself; without it, RSS is not reported.
@@ -19,42 +21,59 @@
 //! build's), BENCH_DATABASE_URL, BENCH_AMQP_URL, BENCH_EVENTS
 //! (100000), BENCH_NAIVE_EVENTS (10000), BENCH_EMPTY_RUNS (50),
 //! BENCH_BATCHES (100,1000,5000), BENCH_SCALING (1,2,4: concurrent drains),
-//! BENCH_SCALING_BATCH (1000), BENCH_LATENCY_RATES (100,1000),
+//! BENCH_SCALING_BATCH (1000), BENCH_FILL (analyze, or vacuum: see
+//! common::Settings), BENCH_LATENCY_RATES (100,1000),
 //! BENCH_LATENCY_SECONDS (30), BENCH_IDLE_SECONDS (60),
-//! BENCH_TRIGGER_SECONDS (5), BENCH_ONLY (a comma-separated subset of:
-//! limits,shapes,drain,naive,empty,memory,large,scaling,latency,trigger).
+//! BENCH_TRIGGER_SECONDS (5), the settings of bench/scale.rs, and
+//! BENCH_ONLY (a comma-separated subset of: limits,shapes,drain,delete,
+//! naive,scaling,memory,large,empty,latency,trigger,size,partitions;
+//! without it, all but size and partitions, which fill millions of rows).
 
 mod common;
 mod latency;
 mod memory;
+mod scale;
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use common::{FAILED, Figure, Fixture, Settings, check, header, print_figure};
+use common::{FAILED, Figure, Fixture, Results, Settings, check, load_average};
 use futures_util::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{Channel, Confirmation};
 use outbox_poll::broker::message::{properties, short_strings};
-use outbox_poll::cli::DEFAULT_MAX_ATTEMPTS;
+use outbox_poll::cli::{DEFAULT_MAX_ATTEMPTS, OnPublish};
 use outbox_poll::config::in_flight;
+use outbox_poll::relay::session::generic_plans;
 use outbox_poll::sql::outbox::{Event, Outbox};
 use outbox_poll::sql::table::TableName;
 use postgres::{Client, NoTls};
 
+/// A session of the bench's own, planning as the relay's sessions do.
+fn relay_session(fx: &Fixture) -> Client {
+    let config = fx
+        .settings
+        .database_url
+        .parse()
+        .expect("BENCH_DATABASE_URL");
+    generic_plans(&config)
+        .connect(NoTls)
+        .expect("connecting to PostgreSQL")
+}
+
 /// The relay's own claim and mark statements (`sql::outbox`), prepared on
-/// a connection of the bench's: the limits measure exactly the SQL that
+/// a session of the bench's: the limits measure exactly the SQL that
 /// ships.
 fn relay_statements(fx: &Fixture, client: &mut Client) -> Outbox {
     let table = TableName::parse(&fx.table()).expect("the bench's table name");
-    Outbox::prepare(client, &table, DEFAULT_MAX_ATTEMPTS, false)
+    Outbox::prepare(client, &table, DEFAULT_MAX_ATTEMPTS, false, OnPublish::Mark)
         .expect("preparing the relay's statements")
 }
 
 /// Claims up to `limit` events as the relay does, in the transaction open
 /// on `client`. With no byte budget: the bench's batches hold far less than
 /// the default --batch-bytes, so the relay's claim returns the same rows.
-fn claim(client: &mut Client, outbox: &Outbox, limit: i64) -> Vec<Event> {
+fn claim(client: &mut Client, outbox: &mut Outbox, limit: i64) -> Vec<Event> {
     outbox
         .claim(client, limit, None, i64::MAX)
         .expect("claiming")
@@ -85,13 +104,23 @@ fn publish<'c>(
 /// and prepared statements, nothing published.
 fn pg_limit(fx: &mut Fixture, batch: i64, limit: bool) -> Figure {
     fx.fill(fx.settings.events, 200);
-    let mut client = Client::connect(&fx.settings.database_url, NoTls).unwrap();
-    let outbox = relay_statements(fx, &mut client);
+    let name = match limit {
+        true => format!("limit: PostgreSQL only, claim+mark, batch {batch}"),
+        false => format!("PostgreSQL only, claim+mark, batch {batch}"),
+    };
+    claim_and_mark(fx, name, fx.settings.events, batch)
+}
+
+/// Claims and marks the `count` events of the table the relay's way,
+/// `batch` at a time, each batch its own transaction, nothing published.
+fn claim_and_mark(fx: &mut Fixture, name: String, count: i64, batch: i64) -> Figure {
+    let mut client = relay_session(fx);
+    let mut outbox = relay_statements(fx, &mut client);
     let started = Instant::now();
     let mut total = 0u64;
     loop {
         client.batch_execute("BEGIN").unwrap();
-        let events = claim(&mut client, &outbox, batch);
+        let events = claim(&mut client, &mut outbox, batch);
         if events.is_empty() {
             client.batch_execute("COMMIT").unwrap();
             break;
@@ -102,28 +131,27 @@ fn pg_limit(fx: &mut Fixture, batch: i64, limit: bool) -> Figure {
         total += ids.len() as u64;
     }
     let seconds = started.elapsed().as_secs_f64();
-    let count = fx.settings.events;
     let (verified, failed) = fx.verify(count, false, true);
     check(failed, &verified);
     Figure {
-        name: if limit {
-            format!("limit: PostgreSQL only, claim+mark, batch {batch}")
-        } else {
-            format!("PostgreSQL only, claim+mark, batch {batch}")
-        },
+        name,
         events: total,
         seconds,
         rss_kb: None,
         verified,
+        load: load_average(),
     }
 }
 
 /// RabbitMQ alone: the same messages (bodies and properties) to the same
 /// kind of queue, every publish of a window of `window` issued before any
 /// confirm is awaited, and up to `depth` windows awaiting their confirms.
-/// Depth 2 with windows of 1,000 is a continuous pipeline: the broker's
-/// limit. Depth 1 waits for each window's confirms, the shape of one relay
-/// batch; a drain's depth is its batches in flight.
+/// Two limit shapes: windows of 1,000, two deep (up to 2,000 unconfirmed);
+/// and windows of 100, ten deep: never more than 1,000 unconfirmed, new
+/// publishes as the oldest confirms come back, the shape of a publisher
+/// with a sliding confirm window of 1,000. Depth 1 waits for each window's
+/// confirms, the shape of one relay batch; a drain's depth is its batches
+/// in flight.
 fn broker_limit(fx: &mut Fixture, window: usize, depth: usize, limit: bool) -> Figure {
     let count = if limit {
         fx.settings.events
@@ -132,10 +160,10 @@ fn broker_limit(fx: &mut Fixture, window: usize, depth: usize, limit: bool) -> F
     };
     fx.fill(count, 200);
     // Read as the relay reads them (a claim, rolled back).
-    let mut client = Client::connect(&fx.settings.database_url, NoTls).unwrap();
-    let outbox = relay_statements(fx, &mut client);
+    let mut client = relay_session(fx);
+    let mut outbox = relay_statements(fx, &mut client);
     client.batch_execute("BEGIN").unwrap();
-    let events = claim(&mut client, &outbox, count);
+    let events = claim(&mut client, &mut outbox, count);
     client.batch_execute("ROLLBACK").unwrap();
     let exchange = fx.name.clone();
     let (seconds, acked) = fx.runtime.block_on(async {
@@ -178,7 +206,7 @@ fn broker_limit(fx: &mut Fixture, window: usize, depth: usize, limit: bool) -> F
     let (verified, failed) = fx.verify(count, true, false);
     check(failed, &verified);
     let name = match (limit, depth) {
-        (true, _) => format!("limit: RabbitMQ only, continuous pipeline, window {window}"),
+        (true, _) => format!("limit: RabbitMQ only, {depth} x {window} awaiting confirms"),
         (false, 1) => format!("RabbitMQ only, {window} then wait for their confirms"),
         (false, _) => format!("RabbitMQ only, {window} per batch, {depth} batches in flight"),
     };
@@ -188,6 +216,7 @@ fn broker_limit(fx: &mut Fixture, window: usize, depth: usize, limit: bool) -> F
         seconds,
         rss_kb: None,
         verified,
+        load: load_average(),
     }
 }
 
@@ -197,8 +226,8 @@ fn naive(fx: &mut Fixture) -> Figure {
     let table = fx.table();
     let count = fx.settings.naive_events;
     fx.fill(count, 200);
-    let mut client = Client::connect(&fx.settings.database_url, NoTls).unwrap();
-    let outbox = relay_statements(fx, &mut client);
+    let mut client = relay_session(fx);
+    let mut outbox = relay_statements(fx, &mut client);
     let mark = client
         .prepare(&format!(
             "UPDATE {table} SET published_at = now() WHERE id = $1"
@@ -217,7 +246,7 @@ fn naive(fx: &mut Fixture) -> Figure {
     let mut total = 0u64;
     loop {
         client.batch_execute("BEGIN").unwrap();
-        let events = claim(&mut client, &outbox, 100);
+        let events = claim(&mut client, &mut outbox, 100);
         if events.is_empty() {
             client.batch_execute("COMMIT").unwrap();
             break;
@@ -249,11 +278,12 @@ fn naive(fx: &mut Fixture) -> Figure {
         seconds,
         rss_kb: None,
         verified,
+        load: load_average(),
     }
 }
 
 /// `processes` concurrent `outbox-poll --drain` on one table of `count`
-/// events of `bytes` bytes.
+/// events of `bytes` bytes, marking or deleting what the broker confirmed.
 fn drain(
     fx: &mut Fixture,
     name: String,
@@ -261,146 +291,195 @@ fn drain(
     bytes: i64,
     batch: i64,
     processes: i64,
+    on_publish: OnPublish,
 ) -> Figure {
     let mean = fx.fill(count, bytes);
     eprintln!("bench: {count} events, payload mean {mean:.0} bytes");
+    drain_filled(fx, name, count, batch, processes, on_publish)
+}
+
+/// Like `drain`, on a table the caller has filled with `count` due events
+/// (ev-1 ..).
+fn drain_filled(
+    fx: &mut Fixture,
+    name: String,
+    count: i64,
+    batch: i64,
+    processes: i64,
+    on_publish: OnPublish,
+) -> Figure {
     let batch_text = batch.to_string();
-    let args = ["--drain", "--batch-size", batch_text.as_str(), "--json"];
+    let on_publish_text = match on_publish {
+        OnPublish::Mark => "mark",
+        OnPublish::Delete => "delete",
+    };
+    let args = [
+        "--drain",
+        "--batch-size",
+        batch_text.as_str(),
+        "--on-publish",
+        on_publish_text,
+        "--json",
+    ];
     let (seconds, published, rss, ok) = fx.run_binary(processes, &args, true);
     let (mut verified, mut failed) = fx.verify(count, true, true);
+    if on_publish == OnPublish::Delete {
+        match fx.remaining() {
+            0 => verified = verified.replace("all marked", "all deleted"),
+            left => {
+                verified.push_str(&format!(", {left} ROWS LEFT"));
+                failed = true;
+            }
+        }
+    }
     if !ok {
         verified.push_str(", NONZERO EXIT");
         failed = true;
     }
     check(failed, &verified);
-    let figure = Figure {
+    Figure {
         name,
         events: published,
         seconds,
         rss_kb: rss,
         verified,
-    };
-    eprintln!(
-        "bench: {}: {:.0}/s, {:?} KiB",
-        figure.name,
-        figure.rate(),
-        rss
-    );
-    figure
+        load: load_average(),
+    }
+}
+
+/// The two limits every other figure is compared with: the broker alone
+/// (the higher of its two shapes) and PostgreSQL alone.
+fn limits(fx: &mut Fixture, results: &mut Results) {
+    let pairs = broker_limit(fx, 1000, 2, true);
+    let sliding = broker_limit(fx, 100, 10, true);
+    results.broker = Some(pairs.rate().max(sliding.rate()));
+    results.push(pairs);
+    results.push(sliding);
+    let pg = pg_limit(fx, 1000, true);
+    results.pg = Some(pg.rate());
+    results.push(pg);
+    results.section_done("limits");
+}
+
+/// What one batch costs on each side alone, at the batch sizes the drains
+/// use: where the relay's time per batch goes.
+fn shapes(fx: &mut Fixture, results: &mut Results) {
+    for batch in fx.settings.batches.clone() {
+        results.push(broker_limit(fx, batch as usize, 1, false));
+        let depth = in_flight(batch as u32, true, false);
+        results.push(broker_limit(fx, batch as usize, depth, false));
+        results.push(pg_limit(fx, batch, false));
+    }
+    results.section_done("shapes");
+}
+
+/// `outbox-poll --drain` at each batch size, marking or deleting.
+fn drains(fx: &mut Fixture, results: &mut Results, on_publish: OnPublish) {
+    let events = fx.settings.events;
+    for batch in fx.settings.batches.clone() {
+        let name = match on_publish {
+            OnPublish::Mark => format!("outbox-poll --drain --batch-size {batch}"),
+            OnPublish::Delete => format!("--drain --batch-size {batch} --on-publish delete"),
+        };
+        results.push(drain(fx, name, events, 200, batch, 1, on_publish));
+    }
+    results.section_done("drains");
+}
+
+/// Several drains at once on one table.
+fn scaling(fx: &mut Fixture, results: &mut Results) {
+    let (events, batch) = (fx.settings.events, fx.settings.scaling_batch);
+    for processes in fx.settings.scaling.clone() {
+        let name = format!("{processes} concurrent --drain, batch {batch}");
+        results.push(drain(
+            fx,
+            name,
+            events,
+            200,
+            batch,
+            processes,
+            OnPublish::Mark,
+        ));
+    }
+    results.section_done("scaling");
+}
+
+/// Peak memory of drains of 1 KB events in large batches.
+fn memory(fx: &mut Fixture, results: &mut Results) {
+    for count in [5_000, 50_000] {
+        let name = format!("memory: {count} x 1 KB events, --drain --batch-size 5000");
+        results.push(drain(fx, name, count, 1024, 5000, 1, OnPublish::Mark));
+    }
+    results.section_done("memory");
+}
+
+/// Runs of the binary against an empty table: start, connect, claim
+/// nothing, exit.
+fn empty(fx: &mut Fixture, results: &mut Results) {
+    fx.fill(0, 200);
+    let mut times: Vec<f64> = (0..fx.settings.empty_runs)
+        .map(|_| {
+            let (seconds, _, _, ok) = fx.run_binary(1, &[], false);
+            check(!ok, "the empty run failed");
+            seconds * 1000.0
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let at = |q: f64| times[((times.len() as f64 - 1.0) * q).round() as usize];
+    results.note(format!(
+        "empty run (start, connect, claim nothing, exit), {} runs: \
+         median {:.1} ms, p90 {:.1} ms, min {:.1} ms",
+        times.len(),
+        at(0.5),
+        at(0.9),
+        times[0]
+    ));
 }
 
 fn main() {
     let settings = Settings::from_env();
-    let events = settings.events;
     let mut fx = Fixture::new(settings);
-    let mut figures: Vec<Figure> = Vec::new();
-    let started = Instant::now();
-    eprintln!("bench: schema/exchange/queue {}; {events} events", fx.name);
-
-    let mut broker = None;
-    let mut pg = None;
-    if fx.settings.wants("limits") {
-        let b = broker_limit(&mut fx, 1000, 2, true);
-        broker = Some(b.rate());
-        eprintln!("bench: {} {:.0}/s {}", b.name, b.rate(), b.verified);
-        figures.push(b);
-        let p = pg_limit(&mut fx, 1000, true);
-        pg = Some(p.rate());
-        eprintln!("bench: {} {:.0}/s {}", p.name, p.rate(), p.verified);
-        figures.push(p);
-        eprintln!(
-            "bench: limits done at {:.0}s",
-            started.elapsed().as_secs_f64()
-        );
+    let mut results = Results::new();
+    eprintln!(
+        "bench: schema/exchange/queue {}; {} events",
+        fx.name, fx.settings.events
+    );
+    let wants = |fx: &Fixture, section| fx.settings.wants(section);
+    if wants(&fx, "limits") {
+        limits(&mut fx, &mut results);
     }
-    if fx.settings.wants("shapes") {
-        // What one batch costs on each side alone, at the batch sizes the
-        // drains use: where the relay's time per batch goes.
-        for batch in fx.settings.batches.clone() {
-            figures.push(broker_limit(&mut fx, batch as usize, 1, false));
-            let depth = in_flight(batch as u32, true, false);
-            figures.push(broker_limit(&mut fx, batch as usize, depth, false));
-            figures.push(pg_limit(&mut fx, batch, false));
-        }
-        eprintln!(
-            "bench: shapes done at {:.0}s",
-            started.elapsed().as_secs_f64()
-        );
+    if wants(&fx, "shapes") {
+        shapes(&mut fx, &mut results);
     }
-    if fx.settings.wants("drain") {
-        for batch in fx.settings.batches.clone() {
-            let name = format!("outbox-poll --drain --batch-size {batch}");
-            figures.push(drain(&mut fx, name, events, 200, batch, 1));
-        }
-        eprintln!(
-            "bench: drains done at {:.0}s",
-            started.elapsed().as_secs_f64()
-        );
+    if wants(&fx, "drain") {
+        drains(&mut fx, &mut results, OnPublish::Mark);
     }
-    if fx.settings.wants("naive") {
-        figures.push(naive(&mut fx));
+    if wants(&fx, "delete") {
+        drains(&mut fx, &mut results, OnPublish::Delete);
     }
-    if fx.settings.wants("scaling") {
-        let batch = fx.settings.scaling_batch;
-        for processes in fx.settings.scaling.clone() {
-            let name = format!("{processes} concurrent --drain, batch {batch}");
-            figures.push(drain(&mut fx, name, events, 200, batch, processes));
-        }
-        eprintln!(
-            "bench: scaling done at {:.0}s",
-            started.elapsed().as_secs_f64()
-        );
+    if wants(&fx, "naive") {
+        results.push(naive(&mut fx));
     }
-    if fx.settings.wants("memory") {
-        for count in [5_000, 50_000] {
-            let name = format!("memory: {count} x 1 KB events, --drain --batch-size 5000");
-            figures.push(drain(&mut fx, name, count, 1024, 5000, 1));
-        }
+    if wants(&fx, "scaling") {
+        scaling(&mut fx, &mut results);
     }
-    if fx.settings.wants("large") {
-        figures.push(memory::large_payloads(&mut fx));
+    if wants(&fx, "memory") {
+        memory(&mut fx, &mut results);
     }
-    let mut sections = Vec::new();
-    if fx.settings.wants("latency") {
-        sections.push(latency::latency(&mut fx));
+    if wants(&fx, "large") {
+        results.push(memory::large_payloads(&mut fx));
     }
-    if fx.settings.wants("trigger") {
-        sections.push(latency::trigger_cost(&mut fx));
+    if wants(&fx, "empty") {
+        empty(&mut fx, &mut results);
     }
-    let mut empty = None;
-    if fx.settings.wants("empty") {
-        fx.fill(0, 200);
-        let mut times: Vec<f64> = (0..fx.settings.empty_runs)
-            .map(|_| {
-                let (seconds, _, _, ok) = fx.run_binary(1, &[], false);
-                check(!ok, "the empty run failed");
-                seconds * 1000.0
-            })
-            .collect();
-        times.sort_by(f64::total_cmp);
-        let at = |q: f64| times[((times.len() as f64 - 1.0) * q).round() as usize];
-        empty = Some((times.len(), at(0.5), at(0.9), times[0]));
+    if wants(&fx, "latency") {
+        results.block(latency::latency(&mut fx));
     }
-
-    println!();
-    header();
-    for figure in &figures {
-        print_figure(figure, broker, pg);
+    if wants(&fx, "trigger") {
+        results.block(latency::trigger_cost(&mut fx));
     }
-    if let Some((runs, median, p90, min)) = empty {
-        println!();
-        println!(
-            "empty run (start, connect, claim nothing, exit), {runs} runs: \
-             median {median:.1} ms, p90 {p90:.1} ms, min {min:.1} ms"
-        );
-    }
-    for lines in sections {
-        println!();
-        for line in lines {
-            println!("{line}");
-        }
-    }
-    println!("\ntotal bench time {:.0}s", started.elapsed().as_secs_f64());
+    scale::sections(&mut fx, &mut results);
+    results.print();
     let failed = FAILED.load(std::sync::atomic::Ordering::SeqCst);
     drop(fx);
     if failed {

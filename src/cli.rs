@@ -229,6 +229,10 @@ pub struct PollArgs {
           value_parser = clap::builder::BoolishValueParser::new())]
     pub ordered: bool,
 
+    /// What becomes of a confirmed event: marked published, or deleted.
+    #[arg(long, env = "OUTBOX_ON_PUBLISH", value_enum, default_value_t = OnPublish::Mark)]
+    pub on_publish: OnPublish,
+
     /// Print the claimed batch as JSON lines, publish nothing, roll back.
     #[arg(long)]
     pub dry_run: bool,
@@ -241,6 +245,16 @@ pub struct PollArgs {
     /// After the run, write Prometheus gauges to this file (written, then renamed).
     #[arg(long, env = "OUTBOX_METRICS_FILE", value_name = "PATH")]
     pub metrics_file: Option<PathBuf>,
+}
+
+/// What a batch does with the events the broker confirmed.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnPublish {
+    /// `published_at = now()`: the row stays until `prune` deletes it.
+    Mark,
+    /// The row is deleted in the batch's transaction: the table holds only
+    /// what is still to send (and the dead and backing-off events).
+    Delete,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 
 use crate::broker::publisher::BrokerConfig;
-use crate::cli::{Cli, DatabaseArgs, PollArgs};
+use crate::cli::{Cli, DatabaseArgs, OnPublish, PollArgs};
 use crate::connect::amqp_url::amqp_uri;
 use crate::connect::database::STATEMENT_TIMEOUT;
 use crate::connect::libpq::{Env, database_config};
@@ -51,6 +51,7 @@ pub struct Relay {
     pub max_batches: Option<u64>,
     pub max_duration: Option<Duration>,
     pub ordered: bool,
+    pub on_publish: OnPublish,
     pub dry_run: bool,
     pub metrics_file: Option<PathBuf>,
 }
@@ -106,6 +107,7 @@ impl Relay {
             max_batches: args.max_batches,
             max_duration: args.max_duration,
             ordered: args.ordered,
+            on_publish: args.on_publish,
             dry_run: args.dry_run,
             metrics_file: args.metrics_file.clone(),
         })

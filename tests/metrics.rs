@@ -108,7 +108,26 @@ fn metrics_file_has_the_runs_figures_and_the_backlog() {
     let ended = values["last_run_timestamp_seconds"];
     assert!(ended >= before.floor() && ended < before + 60.0, "{ended}");
     assert!(values["last_run_duration_seconds"] < 60.0);
-    assert_eq!(values.len(), 13);
+    // When the server counted the rows is its business (NaN: not yet).
+    let ratio = values["dead_tuple_ratio"];
+    assert!(ratio.is_nan() || (0.0..=1.0).contains(&ratio), "{ratio}");
+    assert_eq!(values.len(), 14);
+}
+
+#[test]
+fn metrics_file_exports_the_dead_tuple_ratio() {
+    let mut fx = Fixture::new("metrics_dead_tuples");
+    let dir = Dir::new("metrics_dead_tuples");
+    fx.insert("e", 3);
+    // Every row marked by hand: three dead versions beside three live
+    // ones, and nothing due for the run.
+    fx.execute("UPDATE {table} SET published_at = now()");
+    fx.flush_stats();
+    let path = dir.file();
+    let run = fx.run(&["--metrics-file", path.to_str().unwrap()]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let values = gauges(&std::fs::read_to_string(&path).unwrap(), &fx.table);
+    assert_eq!(values["dead_tuple_ratio"], 0.5);
 }
 
 #[test]

@@ -199,3 +199,42 @@ fn a_reference_table_with_serial_id_and_bigint_attempts_works_with_every_command
     assert_eq!(requeue.code, 0, "{}", requeue.stderr);
     assert_eq!(fx.rows_untyped()[1], ("b".to_string(), false, 0));
 }
+
+/// The table's storage settings, sorted.
+fn reloptions(fx: &mut Fixture) -> Vec<String> {
+    let sql = format!(
+        "SELECT coalesce(reloptions, '{{}}') FROM pg_class WHERE oid = '{}'::regclass",
+        fx.quoted_table()
+    );
+    let mut options: Vec<String> = fx.db.query_one(&sql, &[]).unwrap().get(0);
+    options.sort();
+    options
+}
+
+#[test]
+fn migrate_sets_the_outboxs_autovacuum_settings() {
+    let mut fx = Fixture::new("migrate_autovacuum");
+    assert_eq!(
+        reloptions(&mut fx),
+        [
+            "autovacuum_vacuum_scale_factor=0.01",
+            "autovacuum_vacuum_threshold=1000"
+        ]
+    );
+}
+
+#[test]
+fn migrate_keeps_an_operators_own_autovacuum_setting() {
+    let mut fx = Fixture::new("migrate_autovacuum_own");
+    fx.execute("ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = 0.05)");
+    fx.execute("ALTER TABLE {table} RESET (autovacuum_vacuum_threshold)");
+    let run = fx.run(&["migrate"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    assert_eq!(
+        reloptions(&mut fx),
+        [
+            "autovacuum_vacuum_scale_factor=0.05",
+            "autovacuum_vacuum_threshold=1000"
+        ]
+    );
+}

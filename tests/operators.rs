@@ -23,12 +23,21 @@ fn known_states(fx: &mut Fixture) {
     );
 }
 
+/// The contract's five fields of `status --json`: the dead-tuple ratio
+/// after them depends on when the server last counted (see
+/// status_reports_the_dead_tuple_ratio).
 fn status_json(fx: &Fixture, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["status", "--json"];
     all.extend_from_slice(args);
     let run = fx.run(&all);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    run.summary()
+    let mut status = run.summary();
+    let ratio = status.as_object_mut().unwrap().remove("dead_tuple_ratio");
+    assert!(
+        ratio.as_ref().is_some_and(|r| r.is_null() || r.is_f64()),
+        "{ratio:?}"
+    );
+    status
 }
 
 /// The age moves on while the test runs: a second or two of slack.
@@ -62,7 +71,26 @@ fn status_json_of_an_empty_table_has_a_null_age() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(
         run.stdout,
-        "{\"pending\":0,\"due\":0,\"retrying\":0,\"dead\":0,\"oldest_pending_age_s\":null}\n"
+        "{\"pending\":0,\"due\":0,\"retrying\":0,\"dead\":0,\"oldest_pending_age_s\":null,\
+         \"dead_tuple_ratio\":null}\n"
+    );
+}
+
+#[test]
+fn status_reports_the_dead_tuple_ratio() {
+    let mut fx = Fixture::new("status_dead_tuples");
+    fx.insert("e", 6);
+    // Two marks: two dead row versions beside six live ones.
+    fx.execute("UPDATE {table} SET published_at = now() WHERE event_id IN ('e-1', 'e-2')");
+    fx.flush_stats();
+    let run = fx.run(&["status", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.summary()["dead_tuple_ratio"], json!(0.25));
+    let run = fx.run(&["status"]);
+    assert!(
+        run.stdout.ends_with("\ndead tuples     25.0%\n"),
+        "{}",
+        run.stdout
     );
 }
 
@@ -109,7 +137,8 @@ fn status_text_is_an_aligned_table() {
         ]
     );
     assert!(lines[5].starts_with("oldest pending  1h"), "{}", run.stdout);
-    assert_eq!(lines.len(), 6, "{}", run.stdout);
+    assert!(lines[6].starts_with("dead tuples     "), "{}", run.stdout);
+    assert_eq!(lines.len(), 7, "{}", run.stdout);
 }
 
 #[test]
@@ -141,7 +170,7 @@ fn status_by_type_counts_each_event_type() {
 
     let run = fx.run(&["status", "--by-type"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let tail: Vec<&str> = run.stdout.lines().skip(7).collect();
+    let tail: Vec<&str> = run.stdout.lines().skip(8).collect();
     assert_eq!(
         tail,
         [
@@ -456,7 +485,7 @@ fn prune_json_reports_both_counts() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(
         run.summary(),
-        json!({"published": 5, "dead": null, "dry_run": false})
+        json!({"published": 5, "dead": null, "dry_run": false, "partitions_dropped": []})
     );
     let run = fx.run(&[
         "prune",
@@ -468,7 +497,10 @@ fn prune_json_reports_both_counts() {
     ]);
     assert_eq!(
         (run.code, run.summary()),
-        (0, json!({"published": 0, "dead": 2, "dry_run": true}))
+        (
+            0,
+            json!({"published": 0, "dead": 2, "dry_run": true, "partitions_dropped": []})
+        )
     );
     assert_eq!(run.stdout.lines().count(), 1);
 }

@@ -2,7 +2,7 @@
 //! do their jobs and nothing more. Roles are cluster-wide, so each test
 //! creates its own (named after the process and the test) and drops it.
 
-use crate::common::{Fixture, connect_db};
+use crate::common::{Fixture, assert_one_clear_line, connect_db};
 
 const EXAMPLE: &str = include_str!("../migrations/example_least_privilege_role.sql");
 
@@ -112,6 +112,74 @@ fn pruner_role_prunes() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.stdout, "deleted 2 published events older than 7d\n");
     assert_eq!(fx.rows().len(), 1);
+}
+
+#[test]
+fn delete_mode_without_the_delete_grant_exits_78_before_publishing() {
+    let mut fx = Fixture::new("priv_delete_mode");
+    let roles = Roles::create(&mut fx, "deletemode");
+    fx.insert("e", 3);
+    let url = Roles::url(&roles.relay);
+    let run = fx.run_with(&[("DATABASE_URL", &url)], &["--on-publish", "delete"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(
+        run.stderr.starts_with(&format!(
+            "outbox-poll: error: --on-publish delete needs the DELETE privilege on table {}",
+            fx.table
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(fx.messages().is_empty(), "nothing was published");
+    assert_eq!((fx.rows().len(), fx.published_count()), (3, 0));
+}
+
+#[test]
+fn the_relay_role_with_the_delete_grant_deletes_what_it_published() {
+    let mut fx = Fixture::new("priv_delete_grant");
+    let roles = Roles::create(&mut fx, "deletegrant");
+    // The grant the example names for --on-publish delete.
+    fx.execute(&format!("GRANT DELETE ON {{table}} TO \"{}\"", roles.relay));
+    fx.insert("e", 3);
+    let url = Roles::url(&roles.relay);
+    let env = [
+        ("DATABASE_URL", url.as_str()),
+        ("OUTBOX_ON_PUBLISH", "delete"),
+    ];
+    let run = fx.run_with(&env, &["--json"]);
+    assert_eq!((run.code, run.field("published")), (0, 3), "{}", run.stderr);
+    assert!(fx.rows().is_empty());
+    assert_eq!(fx.messages().len(), 3);
+}
+
+#[test]
+fn a_pruner_that_does_not_own_a_partitioned_table_prunes_row_by_row() {
+    let mut fx = Fixture::partitioned("priv_parts_pruner");
+    let roles = Roles::create(&mut fx, "partspruner");
+    crate::partitions::aged_partitions(&mut fx);
+    let before = partition_count(&mut fx);
+    let url = Roles::url(&roles.pruner);
+    let run = fx.run_with(
+        &[("DATABASE_URL", &url)],
+        &["prune", "--older-than", "7d", "--json"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.summary(),
+        serde_json::json!({"published": 6, "dead": null, "dry_run": false,
+                           "partitions_dropped": []})
+    );
+    assert_eq!(partition_count(&mut fx), before, "no partition was dropped");
+    assert_eq!(fx.rows().len(), 4);
+}
+
+fn partition_count(fx: &mut Fixture) -> i64 {
+    let sql = format!(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = '{}'::regclass",
+        fx.quoted_table()
+    );
+    fx.db.query_one(&sql, &[]).unwrap().get(0)
 }
 
 /// Drains 50 events in batches of 10 as a relay role allowed `limit`

@@ -4,12 +4,21 @@
 //! are evidence) unless --include-dead, which deletes those created before
 //! the same cut-off. --dry-run only counts.
 //!
-//! `--json` prints `{"published": N, "dead": N or null, "dry_run": bool}`:
-//! the rows deleted (or, with --dry-run, that would be), dead ones null
-//! without --include-dead.
+//! On a table partitioned by range on created_at, published rows go first
+//! by whole partitions: each partition whose range ends before the cut-off
+//! and whose rows were all published before it is detached and dropped
+//! (see `sql::partitions`), which takes milliseconds and returns its space
+//! at once; the rows left are then deleted batch by batch.
+//!
+//! `--json` prints `{"published": N, "dead": N or null, "dry_run": bool,
+//! "partitions_dropped": [NAME, ...]}`: the rows deleted (or, with
+//! --dry-run, that would be; those of dropped partitions included), dead
+//! ones null without --include-dead, and the partitions dropped (or that
+//! would be).
 //!
 //! Needs SELECT and DELETE on the table; without DELETE it stops at the
-//! first batch with one line saying so (exit 78).
+//! first batch with one line saying so (exit 78). Dropping partitions
+//! needs the table's owner; under any other role prune deletes row by row.
 
 use std::time::Duration;
 
@@ -23,6 +32,7 @@ use crate::exit::Exit;
 use crate::guard::watchdog::{self, Watchdog};
 use crate::report::totals::Totals;
 use crate::report::{plural, stdout};
+use crate::sql::partitions::{self, Dropped, Refusal};
 use crate::sql::prune::{self, Kind};
 
 /// How long one batch may take. The server's usual 30 s bound is for the
@@ -55,6 +65,7 @@ pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<Exit> {
     if args.include_dead {
         kinds.push(Kind::Dead);
     }
+    let dropped = drop_partitions(&mut client, database, args, &watchdog)?;
     let mut counts = Vec::new();
     for kind in kinds {
         let count = if args.dry_run {
@@ -66,33 +77,107 @@ pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<Exit> {
         };
         counts.push((kind, count));
     }
-    tell(&counts, json, args)?;
+    // The count of a dry run already holds the rows of the partitions it
+    // would drop; a prune deleted the rest after dropping them.
+    if !args.dry_run {
+        counts[0].1 += dropped.rows;
+    }
+    tell(&counts, &dropped.names, json, args)?;
     Ok(Exit::Success)
 }
 
-/// One line per kind of row, or the JSON object.
-fn tell(counts: &[(Kind, i64)], json: bool, args: &PruneArgs) -> Result<()> {
+/// The partitions dropped whole (with --dry-run: that would be), and the
+/// published events they held.
+#[derive(Default)]
+struct DroppedPartitions {
+    names: Vec<String>,
+    rows: i64,
+}
+
+/// Drops every partition prune may drop, one transaction each; nothing on
+/// a table that is not partitioned by created_at, or under a role that
+/// does not own it. A partition the table's traffic kept locked past a
+/// short wait, or where an unpublished event turned up, is kept: its
+/// published rows go row by row with the rest.
+fn drop_partitions(
+    client: &mut Client,
+    database: &Database,
+    args: &PruneArgs,
+    watchdog: &Watchdog,
+) -> Result<DroppedPartitions> {
+    let table = &database.table;
+    let age = args.older_than;
+    watchdog.arm(BATCH_BUDGET, "listing partitions", Totals::default());
+    let candidates = match partitions::candidates(client, table, age)? {
+        Ok(candidates) => candidates,
+        Err(Refusal::NotPartitioned) => return Ok(DroppedPartitions::default()),
+        Err(Refusal::NotOwner) => {
+            log::info!(
+                "table {table} is partitioned, but this role does not own it: pruning row by \
+                 row (prune as the owner to drop old partitions whole)"
+            );
+            return Ok(DroppedPartitions::default());
+        }
+    };
+    let mut dropped = DroppedPartitions::default();
+    for partition in candidates {
+        watchdog.arm(BATCH_BUDGET, "reading a partition", Totals::default());
+        let Some(rows) = partitions::droppable_rows(client, table, &partition, age)? else {
+            continue;
+        };
+        if !args.dry_run {
+            watchdog.arm(BATCH_BUDGET, "dropping a partition", Totals::default());
+            match partitions::detach_and_drop(client, table, &partition)? {
+                Dropped::Dropped => log::info!("dropped partition {partition} ({rows} rows)"),
+                Dropped::Kept => {
+                    log::warn!("partition {partition} received an unpublished event: kept");
+                    continue;
+                }
+                Dropped::Busy => {
+                    log::warn!(
+                        "partition {partition} of table {table} is kept for now: the table \
+                         stayed locked by other transactions; its rows are pruned row by row"
+                    );
+                    continue;
+                }
+            }
+        }
+        dropped.names.push(partition);
+        dropped.rows += rows;
+    }
+    Ok(dropped)
+}
+
+/// One line per kind of row and one for the partitions dropped, or the
+/// JSON object.
+fn tell(counts: &[(Kind, i64)], dropped: &[String], json: bool, args: &PruneArgs) -> Result<()> {
     let text = if json {
         let object = serde_json::json!({
             "published": counts[0].1,
             "dead": counts.get(1).map(|(_, count)| count),
             "dry_run": args.dry_run,
+            "partitions_dropped": dropped,
         });
         format!("{object}\n")
     } else {
-        let verb = if args.dry_run {
-            "would delete"
-        } else {
-            "deleted"
+        let (verb, drop) = match args.dry_run {
+            true => ("would delete", "would drop"),
+            false => ("deleted", "dropped"),
         };
         let age = short_duration(args.older_than);
-        counts
+        let mut text: String = counts
             .iter()
             .map(|(kind, count)| {
                 let (name, s) = (kind.name(), plural(*count));
                 format!("{verb} {count} {name} event{s} older than {age}\n")
             })
-            .collect()
+            .collect();
+        if !dropped.is_empty() {
+            let (count, s) = (dropped.len(), plural(dropped.len()));
+            let names = dropped.join(", ");
+            text.push_str(&format!("{drop} {count} partition{s} whole: {names}\n"));
+        }
+        text
     };
     stdout::write(text.as_bytes()).map_err(stdout::unwritable)
 }

@@ -32,9 +32,10 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
         Some(types) => Figures::sum(types),
         None => figures::of_table(&mut client, table, max_attempts)?,
     };
+    let dead_tuples = figures::dead_tuple_ratio(&mut client, table)?;
     let text = match json {
-        true => json_text(&total, by_type.as_deref()),
-        false => table_text(table, &total, by_type.as_deref()),
+        true => json_text(&total, dead_tuples, by_type.as_deref()),
+        false => table_text(table, &total, dead_tuples, by_type.as_deref()),
     };
     stdout::write(text.as_bytes()).map_err(stdout::unwritable)?;
     let crossed = thresholds_crossed(&total, args);
@@ -47,10 +48,16 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
     })
 }
 
-/// The contract's object, and with --by-type a `by_type` object keyed by
-/// event type, each with the same five fields.
-fn json_text(total: &Figures, by_type: Option<&[(String, Figures)]>) -> String {
+/// The contract's object, then `dead_tuple_ratio` (null when unknown), and
+/// with --by-type, last, a `by_type` object keyed by event type, each with
+/// the same five fields.
+fn json_text(
+    total: &Figures,
+    dead_tuples: Option<f64>,
+    by_type: Option<&[(String, Figures)]>,
+) -> String {
     let mut object = total.to_json();
+    object["dead_tuple_ratio"] = dead_tuples.into();
     if let Some(types) = by_type {
         let types: serde_json::Map<String, serde_json::Value> = types
             .iter()
@@ -84,8 +91,14 @@ fn thresholds_crossed(figures: &Figures, args: &StatusArgs) -> Vec<String> {
 }
 
 /// The text for people: the totals, then (with --by-type) one line per type.
-fn table_text(table: &TableName, total: &Figures, by_type: Option<&[(String, Figures)]>) -> String {
+fn table_text(
+    table: &TableName,
+    total: &Figures,
+    dead_tuples: Option<f64>,
+    by_type: Option<&[(String, Figures)]>,
+) -> String {
     let mut text = totals_text(table, total);
+    text.push_str(&dead_tuples_line(dead_tuples));
     if let Some(types) = by_type {
         text.push('\n');
         text.push_str(&types_text(types));
@@ -114,6 +127,14 @@ fn totals_text(table: &TableName, total: &Figures) -> String {
          oldest pending  {oldest}\n",
         counts[0], counts[1], counts[2], counts[3],
     )
+}
+
+/// The dead-tuple ratio as a percentage, `-` when unknown.
+fn dead_tuples_line(ratio: Option<f64>) -> String {
+    match ratio {
+        Some(ratio) => format!("dead tuples     {:.1}%\n", 100.0 * ratio),
+        None => "dead tuples     -\n".into(),
+    }
 }
 
 /// One aligned line per event type, under a header.
@@ -176,17 +197,48 @@ mod tests {
             ),
         ];
         assert_eq!(
-            table_text(&table, &total, Some(&types)),
+            table_text(&table, &total, Some(0.125), Some(&types)),
             "table           app.outbox\n\
              pending         12\n\
              due              3\n\
              retrying         1\n\
              dead             0\n\
              oldest pending  1h 1m 1s\n\
+             dead tuples     12.5%\n\
              \n\
              event type     pending  due  retrying  dead\n\
              a                   12    3         1     0\n\
              order.created        1    3         1     0\n"
         );
+    }
+
+    #[test]
+    fn json_puts_the_dead_tuple_ratio_after_the_five_and_by_type_last() {
+        let figures = Figures {
+            pending: 1,
+            ..Figures::default()
+        };
+        let types = [("a".to_string(), figures)];
+        let text = json_text(&figures, Some(0.5), Some(&types));
+        let keys: Vec<String> =
+            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&text)
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect();
+        assert_eq!(
+            keys,
+            [
+                "pending",
+                "due",
+                "retrying",
+                "dead",
+                "oldest_pending_age_s",
+                "dead_tuple_ratio",
+                "by_type"
+            ]
+        );
+        assert!(text.contains(r#""dead_tuple_ratio":0.5,"#), "{text}");
+        assert!(json_text(&figures, None, None).contains(r#""dead_tuple_ratio":null"#));
     }
 }

@@ -26,10 +26,10 @@ use crate::guard::stop::Stop;
 use crate::guard::watchdog::{self, Watchdog};
 use crate::relay::drain::Drain;
 use crate::relay::session::Session;
+use crate::report::metrics::{self, Backlog};
 use crate::report::progress::Progress;
+use crate::report::summary;
 use crate::report::totals::Totals;
-use crate::report::{metrics, summary};
-use crate::sql::figures::Figures;
 
 /// Closing the broker connection is bounded in `Publisher::close`, and
 /// writing the metrics file is local; this only catches one that hangs.
@@ -76,7 +76,7 @@ fn run_batches(
     relay: &Relay,
     watchdog: &Watchdog,
     totals: &mut Totals,
-    backlog: &mut Option<Figures>,
+    backlog: &mut Option<Backlog>,
     started: Instant,
 ) -> Result<Exit> {
     let stop = Stop::install()?;

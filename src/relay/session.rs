@@ -1,5 +1,23 @@
 //! One PostgreSQL session with the relay's statements prepared on it. A
 //! batch's transaction lives on one session from its claim to its commit.
+//!
+//! The session plans its statements generically: `plan_cache_mode =
+//! force_generic_plan`, sent in the startup packet like the timeouts
+//! (`connect::database::connect`), so it costs no round trip. A prepared
+//! statement's plan is then made once, without the parameters' values, and
+//! reused by every batch. By default PostgreSQL plans each of the first
+//! five executions for its values, and goes on doing so while that looks
+//! cheaper; such a plan estimates the claim's `id >= $3` from the value,
+//! and a value beyond the column's histogram makes the planner read the
+//! primary key's actual end: right after a prune of millions of rows,
+//! before a vacuum, that walks millions of dead index entries, 32 to 50 ms
+//! of planning per claim (measured on 5,000,000 rows; see the README's
+//! Scaling). A generic plan has no value to probe with. The statements are
+//! all by primary key, on the pending index or tiny, and their generic
+//! plans are the ones a value would pick (checked with EXPLAIN: the claims
+//! walk the pending index in id order, the marks look up the primary key);
+//! on a partitioned table the plan, made once, also spares each claim the
+//! planning of every partition.
 
 use anyhow::Result;
 use postgres::Client;
@@ -28,7 +46,7 @@ pub struct Session {
 impl Session {
     pub fn open(database: &Database, relay: &Relay) -> Result<Self> {
         let mut client = database::connect(
-            &database.config,
+            &generic_plans(&database.config),
             database.connect_timeout,
             relay.batch_idle_limit(),
         )?;
@@ -37,6 +55,7 @@ impl Session {
             &database.table,
             database.max_attempts,
             relay.ordered,
+            relay.on_publish,
         )?;
         Ok(Session { client, outbox })
     }
@@ -105,7 +124,8 @@ impl Session {
     }
 
     /// Claims up to `limit` due events from id `from` on (all if None),
-    /// holding about `bytes` of payloads at most (see Outbox::claim).
+    /// holding about `bytes` of payloads at most (see Outbox::claim). The
+    /// marks that follow apply to this claim's batch.
     pub fn claim(&mut self, limit: i64, from: Option<i64>, bytes: i64) -> Result<Vec<Event>> {
         self.outbox.claim(&mut self.client, limit, from, bytes)
     }
@@ -117,5 +137,38 @@ impl Session {
         outbox.mark_published(&mut self.client, &outcome.confirmed)?;
         outbox.mark_failed(&mut self.client, &outcome.failed)?;
         outbox.mark_declined(&mut self.client, &outcome.declined, NACKED)
+    }
+}
+
+/// The session's settings with generic plans added (see above), after any
+/// options the database URL gives. (The benchmark's own sessions use it
+/// too, to measure the relay's SQL as the relay runs it.)
+pub fn generic_plans(config: &postgres::Config) -> postgres::Config {
+    const GENERIC: &str = "-c plan_cache_mode=force_generic_plan";
+    let mut config = config.clone();
+    let options = match config.get_options() {
+        Some(theirs) => format!("{theirs} {GENERIC}"),
+        None => GENERIC.to_string(),
+    };
+    config.options(&options);
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generic_plans_follow_the_urls_own_options() {
+        let plain: postgres::Config = "host=db".parse().unwrap();
+        assert_eq!(
+            generic_plans(&plain).get_options(),
+            Some("-c plan_cache_mode=force_generic_plan")
+        );
+        let theirs: postgres::Config = "host=db options='-c work_mem=64MB'".parse().unwrap();
+        assert_eq!(
+            generic_plans(&theirs).get_options(),
+            Some("-c work_mem=64MB -c plan_cache_mode=force_generic_plan")
+        );
     }
 }

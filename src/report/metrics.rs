@@ -26,18 +26,35 @@ use crate::exit::{self, Exit};
 use crate::report::totals::Totals;
 use crate::sql::figures::{self, Figures};
 
+/// What the metrics file tells of the table after the run: the backlog as
+/// `status` counts it, and the share of dead row versions.
+pub struct Backlog {
+    pub figures: Figures,
+    /// None when the statistics have counted no row: the gauge is NaN then,
+    /// so the series stays (an alert's comparison with NaN is false).
+    pub dead_tuple_ratio: Option<f64>,
+}
+
 /// The backlog for the metrics file, read on the run's own connection
 /// (no second connect): `None` when no file is wanted or it cannot be read,
 /// for instance after the connection was lost.
-pub fn backlog(client: &mut Client, database: &Database, relay: &Relay) -> Option<Figures> {
+pub fn backlog(client: &mut Client, database: &Database, relay: &Relay) -> Option<Backlog> {
     relay.metrics_file.as_ref()?;
-    match figures::of_table(client, &database.table, database.max_attempts) {
-        Ok(figures) => Some(figures),
+    let figures = match figures::of_table(client, &database.table, database.max_attempts) {
+        Ok(figures) => figures,
         Err(error) => {
             log::warn!("metrics without the backlog: {error:#}");
-            None
+            return None;
         }
-    }
+    };
+    let dead_tuple_ratio = figures::dead_tuple_ratio(client, &database.table)
+        .inspect_err(|error| log::warn!("metrics without the dead-tuple ratio: {error:#}"))
+        .ok()
+        .flatten();
+    Some(Backlog {
+        figures,
+        dead_tuple_ratio,
+    })
 }
 
 /// Writes the metrics file if --metrics-file asks for one; hands back the
@@ -46,7 +63,7 @@ pub fn after_run(
     database: &Database,
     relay: &Relay,
     totals: &Totals,
-    backlog: Option<Figures>,
+    backlog: Option<Backlog>,
     started: Instant,
     result: Result<Exit>,
 ) -> Result<Exit> {
@@ -87,7 +104,7 @@ pub struct Run {
 }
 
 /// The gauges, each with its HELP and TYPE lines, labelled with the table.
-pub fn render(table: &str, run: &Run, backlog: Option<&Figures>) -> String {
+pub fn render(table: &str, run: &Run, backlog: Option<&Backlog>) -> String {
     let label = format!("{{table=\"{}\"}}", escape_label(table));
     let mut text = String::new();
     let gauges = run_gauges(run)
@@ -154,8 +171,10 @@ fn run_gauges(run: &Run) -> [Gauge; 8] {
     ]
 }
 
-/// The backlog the run left, as `status` counts it.
-fn backlog_gauges(figures: &Figures) -> [Gauge; 5] {
+/// The backlog the run left, as `status` counts it, and the dead-tuple
+/// ratio.
+fn backlog_gauges(backlog: &Backlog) -> [Gauge; 6] {
+    let figures = &backlog.figures;
     [
         (
             "pending",
@@ -181,6 +200,14 @@ fn backlog_gauges(figures: &Figures) -> [Gauge; 5] {
             "oldest_pending_age_seconds",
             "Age of the oldest pending event (0 when none is pending).",
             figures.oldest_pending_age_s.unwrap_or(0).to_string(),
+        ),
+        (
+            "dead_tuple_ratio",
+            "Dead row versions over all row versions of the table, its partitions summed, as PostgreSQL's statistics last counted them (NaN: none counted).",
+            match backlog.dead_tuple_ratio {
+                Some(ratio) => format!("{ratio:.4}"),
+                None => "NaN".into(),
+            },
         ),
     ]
 }
@@ -240,6 +267,33 @@ mod tests {
         assert!(
             !text.contains("outbox_poll_pending"),
             "no backlog, no gauge"
+        );
+    }
+
+    #[test]
+    fn the_dead_tuple_ratio_is_a_gauge_nan_when_unknown() {
+        let run = Run {
+            ended: 0.0,
+            code: 0,
+            duration_s: 0.0,
+            totals: Totals::default(),
+        };
+        let backlog = |dead_tuple_ratio| Backlog {
+            figures: Figures::default(),
+            dead_tuple_ratio,
+        };
+        let known = render("t", &run, Some(&backlog(Some(0.25))));
+        assert!(
+            known.contains(
+                "# TYPE outbox_poll_dead_tuple_ratio gauge\n\
+                 outbox_poll_dead_tuple_ratio{table=\"t\"} 0.2500\n"
+            ),
+            "{known}"
+        );
+        let unknown = render("t", &run, Some(&backlog(None)));
+        assert!(
+            unknown.contains("outbox_poll_dead_tuple_ratio{table=\"t\"} NaN\n"),
+            "{unknown}"
         );
     }
 

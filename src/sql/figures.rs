@@ -69,6 +69,26 @@ pub fn by_type(
     query(client, table, max_attempts, true)
 }
 
+/// The share of dead row versions in the table, as the statistics
+/// collector last counted them (n_dead_tup / (n_live_tup + n_dead_tup)),
+/// summed over the partitions of a partitioned table; None when it has
+/// counted no row at all. A mark or a delete leaves a dead version until
+/// vacuum removes it, and every claim walks past the pending index's
+/// entries for them: a ratio that keeps rising says vacuum is not keeping
+/// up (see the autovacuum settings of migration 0005). The counts are
+/// estimates, and when autovacuum is off nothing resets them but a VACUUM.
+pub fn dead_tuple_ratio(client: &mut Client, table: &TableName) -> Result<Option<f64>> {
+    let row = client
+        .query_one(
+            "SELECT (sum(n_dead_tup) / nullif(sum(n_live_tup + n_dead_tup), 0))::float8 \
+             FROM pg_stat_all_tables WHERE relid = $1::text::regclass \
+               OR relid IN (SELECT relid FROM pg_partition_tree($1::text::regclass))",
+            &[&table.quoted()],
+        )
+        .map_err(|error| classify_on_table(&error, "reading the dead-tuple ratio", table))?;
+    Ok(row.get(0))
+}
+
 /// Due events now, for a progress bar's length.
 pub fn due(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<i64> {
     let sql = format!(

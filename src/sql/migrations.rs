@@ -13,7 +13,7 @@
 use crate::sql::table::{TableName, quote};
 
 /// Every migration, in the order it runs.
-pub const MIGRATIONS: [(&str, &str); 3] = [
+pub const MIGRATIONS: [(&str, &str); 4] = [
     (
         "0001_create_outbox.sql",
         include_str!("../../migrations/0001_create_outbox.sql"),
@@ -25,6 +25,10 @@ pub const MIGRATIONS: [(&str, &str); 3] = [
     (
         "0004_notify.sql",
         include_str!("../../migrations/0004_notify.sql"),
+    ),
+    (
+        "0005_autovacuum.sql",
+        include_str!("../../migrations/0005_autovacuum.sql"),
     ),
 ];
 

@@ -6,6 +6,7 @@ pub mod figures;
 pub mod migrations;
 pub mod notify;
 pub mod outbox;
+pub mod partitions;
 pub mod prune;
 pub mod requeue;
 pub mod table;

@@ -5,16 +5,24 @@
 //! every batch of a drain. Preparing them all up front also checks the table's shape
 //! before anything is claimed or published: a missing column must stop the
 //! run at the start, not after the broker has the messages.
+//!
+//! The relay's sessions plan these statements once, generically (see
+//! `relay::session`): a plan for the values of one execution may probe
+//! the primary key's ends, and after a large prune that probe walks
+//! millions of dead index entries on every claim.
 
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
+use postgres::error::SqlState;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::ToSql;
 use postgres::{Client, Statement};
 
-use crate::connect::database::classify_on_table;
+use crate::cli::OnPublish;
+use crate::connect::database::{classify_on_table, describe};
 use crate::exit;
+use crate::sql::partitions;
 use crate::sql::table::TableName;
 
 /// Backoff after a failed attempt: `BACKOFF_BASE * 2^attempts`, capped at
@@ -58,16 +66,65 @@ pub struct Event {
     pub unreadable: Option<String>,
 }
 
-/// The prepared statements for one table on one connection.
+/// The prepared statements for one table on one connection. The marks
+/// apply to the batch this Outbox claimed last: on a table partitioned by
+/// created_at they look only in the partitions its events were created in.
 pub struct Outbox {
     table: TableName,
     max_attempts: i32,
-    claim: Statement,
+    /// A claim from the head of the table: no range on id (see claim_sql).
+    claim_head: Statement,
+    /// A claim from an id on, a drain's while a backlog lasts. None in
+    /// ordered mode, which always claims from the head.
+    claim_from: Option<Statement>,
+    /// `published_at = now()`, or with --on-publish delete the DELETE.
     mark_published: Statement,
     mark_failed: Statement,
     mark_declined: Statement,
     /// Only in ordered mode: plain runs take no table lock at all.
     try_lock: Option<Statement>,
+    /// The table is partitioned by created_at: the marks carry the range
+    /// of the claimed events' created_at, so PostgreSQL leaves out every
+    /// other partition when it executes them (see Created).
+    by_created_at: bool,
+    /// Where the last claim's events were created.
+    claimed: Created,
+}
+
+/// The created_at range of a claimed batch, in seconds since the epoch:
+/// from the first event's second to just past the last one's. Without it
+/// a mark by id on a partitioned table probes the primary key of every
+/// partition for every id (60 daily partitions: 6,000 probes for a batch
+/// of 100); with it, PostgreSQL prunes at execution to the one or two
+/// partitions the batch came from. The claim floors created_at to whole
+/// seconds, so [first, last + 1] holds every event of the batch; the upper
+/// bound is inclusive so that an event created at `infinity` (whose
+/// second, and so the bound, is infinite) is in it too.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Created {
+    from: f64,
+    to: f64,
+}
+
+impl Created {
+    /// Every partition: before a claim, or for an empty one.
+    const ALL: Created = Created {
+        from: f64::NEG_INFINITY,
+        to: f64::INFINITY,
+    };
+
+    fn of(events: &[Event]) -> Created {
+        let seconds = events.iter().filter_map(|event| event.created_at);
+        let first = seconds.clone().reduce(f64::min);
+        let last = seconds.reduce(f64::max);
+        match (first, last) {
+            (Some(first), Some(last)) => Created {
+                from: first,
+                to: last + 1.0,
+            },
+            _ => Created::ALL,
+        }
+    }
 }
 
 impl Outbox {
@@ -76,6 +133,7 @@ impl Outbox {
         table: &TableName,
         max_attempts: i32,
         ordered: bool,
+        on_publish: OnPublish,
     ) -> Result<Self> {
         let prepare = |client: &mut Client, sql: &str| {
             client
@@ -83,22 +141,60 @@ impl Outbox {
                 .map_err(|error| classify_on_table(&error, "preparing the queries", table))
         };
         let quoted = table.quoted();
-        let claim_sql = if ordered {
-            ordered_claim_sql(&quoted)
-        } else {
-            claim_sql(&quoted)
+        let claim_head = match ordered {
+            true => prepare(client, &ordered_claim_sql(&quoted))?,
+            false => prepare(client, &claim_sql(&quoted, false))?,
         };
-        Ok(Outbox {
-            claim: prepare(client, &claim_sql)?,
-            mark_published: prepare(client, &mark_published_sql(&quoted))?,
-            mark_failed: prepare(client, &mark_failed_sql(&quoted))?,
-            mark_declined: prepare(client, &mark_declined_sql(&quoted))?,
+        let claim_from = match ordered {
+            true => None,
+            false => Some(prepare(client, &claim_sql(&quoted, true))?),
+        };
+        let by_created_at = partitions::by_created_at(client, table)?;
+        let mark_published = match on_publish {
+            OnPublish::Mark => mark_published_sql(&quoted, by_created_at),
+            OnPublish::Delete => delete_published_sql(&quoted, by_created_at),
+        };
+        let outbox = Outbox {
+            claim_head,
+            claim_from,
+            mark_published: prepare(client, &mark_published)?,
+            mark_failed: prepare(client, &mark_failed_sql(&quoted, by_created_at))?,
+            mark_declined: prepare(client, &mark_declined_sql(&quoted, by_created_at))?,
             try_lock: match ordered {
                 true => Some(prepare(client, TRY_LOCK_SQL)?),
                 false => None,
             },
             table: table.clone(),
             max_attempts,
+            by_created_at,
+            claimed: Created::ALL,
+        };
+        if on_publish == OnPublish::Delete {
+            outbox.check_delete(client)?;
+        }
+        Ok(outbox)
+    }
+
+    /// PostgreSQL checks privileges when a statement runs, not when it is
+    /// prepared: run the delete once, on no rows, so that a role without
+    /// DELETE stops here, before anything is claimed or published, rather
+    /// than at the first batch's marks, after the broker has the messages.
+    fn check_delete(&self, client: &mut Client) -> Result<()> {
+        let result = match self.by_created_at {
+            true => client.execute(&self.mark_published, &[&Vec::<i64>::new(), &0.0, &0.0]),
+            false => client.execute(&self.mark_published, &[&Vec::<i64>::new()]),
+        };
+        result.map(drop).map_err(|error| {
+            if error.code() != Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+                return classify_on_table(&error, "preparing the queries", &self.table);
+            }
+            exit::config(anyhow!(
+                "--on-publish delete needs the DELETE privilege on table {} ({}): \
+                 GRANT DELETE ON {} TO this role, or use --on-publish mark",
+                self.table,
+                describe(&error),
+                self.table.quoted()
+            ))
         })
     }
 
@@ -121,16 +217,24 @@ impl Outbox {
     /// wait to send them, the claim still running, until statement_timeout
     /// cancelled it and the batch with it.
     pub fn claim(
-        &self,
+        &mut self,
         client: &mut Client,
         limit: i64,
         from: Option<i64>,
         bytes: i64,
     ) -> Result<Vec<Event>> {
-        let from = from.unwrap_or(i64::MIN);
         let failed = |error| classify_on_table(&error, "claiming a batch", &self.table);
-        let params: [&(dyn ToSql + Sync); 3] = [&self.max_attempts, &limit, &from];
-        let mut rows = client.query_raw(&self.claim, params).map_err(failed)?;
+        let mut rows = match (from, &self.claim_from) {
+            (Some(from), Some(claim_from)) => {
+                let params: [&(dyn ToSql + Sync); 3] = [&self.max_attempts, &limit, &from];
+                client.query_raw(claim_from, params)
+            }
+            _ => {
+                let params: [&(dyn ToSql + Sync); 2] = [&self.max_attempts, &limit];
+                client.query_raw(&self.claim_head, params)
+            }
+        }
+        .map_err(failed)?;
         let (mut events, mut held, mut dropped) = (Vec::new(), 0, 0);
         while let Some(row) = rows.next().map_err(failed)? {
             if held >= bytes {
@@ -148,6 +252,7 @@ impl Outbox {
                 events.len()
             );
         }
+        self.claimed = Created::of(&events);
         Ok(events)
     }
 
@@ -222,18 +327,21 @@ impl Outbox {
         Ok(row.get(0))
     }
 
-    /// Marks the broker-confirmed events published, in one statement.
+    /// Marks the broker-confirmed events of the last claim published (with
+    /// --on-publish delete: deletes them), in one statement.
     pub fn mark_published(&self, client: &mut Client, ids: &[i64]) -> Result<()> {
         if ids.is_empty() {
             return Ok(());
         }
+        let ids: &(dyn ToSql + Sync) = &ids;
         client
-            .execute(&self.mark_published, &[&ids])
+            .execute(&self.mark_published, &self.with_created(vec![ids]))
             .map_err(|error| classify_on_table(&error, "marking events published", &self.table))?;
         Ok(())
     }
 
-    /// Counts a failed attempt against each event, in one statement.
+    /// Counts a failed attempt against each event of the last claim, in
+    /// one statement.
     pub fn mark_failed(&self, client: &mut Client, failures: &[(i64, String)]) -> Result<()> {
         if failures.is_empty() {
             return Ok(());
@@ -241,24 +349,39 @@ impl Outbox {
         let ids: Vec<i64> = failures.iter().map(|(id, _)| *id).collect();
         let errors: Vec<&str> = failures.iter().map(|(_, error)| error.as_str()).collect();
         let (base, cap) = (BACKOFF_BASE.as_secs_f64(), BACKOFF_CAP.as_secs_f64());
+        let params: Vec<&(dyn ToSql + Sync)> = vec![&ids, &errors, &base, &cap];
         client
-            .execute(&self.mark_failed, &[&ids, &errors, &base, &cap])
+            .execute(&self.mark_failed, &self.with_created(params))
             .map_err(|error| classify_on_table(&error, "recording failed attempts", &self.table))?;
         Ok(())
     }
 
-    /// Backs off each event the broker nacked, in one statement, recording
-    /// `reason` but counting no attempt: a nack is the broker declining for
-    /// now, not a failure of the event's own.
+    /// Backs off each event of the last claim the broker nacked, in one
+    /// statement, recording `reason` but counting no attempt: a nack is the
+    /// broker declining for now, not a failure of the event's own.
     pub fn mark_declined(&self, client: &mut Client, ids: &[i64], reason: &str) -> Result<()> {
         if ids.is_empty() {
             return Ok(());
         }
         let wait = NACK_BACKOFF.as_secs_f64();
+        let params: Vec<&(dyn ToSql + Sync)> = vec![&ids, &reason, &wait];
         client
-            .execute(&self.mark_declined, &[&ids, &reason, &wait])
+            .execute(&self.mark_declined, &self.with_created(params))
             .map_err(|error| classify_on_table(&error, "recording nacked events", &self.table))?;
         Ok(())
+    }
+
+    /// A mark's parameters, followed on a table partitioned by created_at
+    /// by the last claim's created_at range.
+    fn with_created<'p>(
+        &'p self,
+        mut params: Vec<&'p (dyn ToSql + Sync)>,
+    ) -> Vec<&'p (dyn ToSql + Sync)> {
+        if self.by_created_at {
+            params.push(&self.claimed.from);
+            params.push(&self.claimed.to);
+        }
+        params
     }
 }
 
@@ -273,15 +396,30 @@ impl Outbox {
 const SELECTED: &str = "id::bigint, event_id::text, event_type::text, payload::text, \
      floor(extract(epoch FROM created_at))::float8, attempts::bigint";
 
-/// `id >= $3` lets a drain start where its last claim ended: the pending
-/// index then begins at the next unclaimed row instead of walking past every
-/// row the drain has marked (vacuum has not removed their entries yet) and
-/// every row its other batches in flight hold.
-fn claim_sql(table: &str) -> String {
+/// From the head of the table (`from` false), the claim has no range on
+/// id: a single run, and a drain now and then, claims from the start of
+/// the pending index. With `from`, `id >= $3` lets a drain start where its
+/// last claim ended: the pending index then begins at the next unclaimed
+/// row instead of walking past every row the drain has marked (vacuum has
+/// not removed their entries yet) and every row its other batches in
+/// flight hold.
+///
+/// Why two statements rather than `id >= $3` with the lowest id from the
+/// head: a range predicate whose value lies outside the column's histogram
+/// makes the planner read the primary key's actual end
+/// (get_actual_variable_range), and right after a prune of millions of
+/// rows, before a vacuum, that end is millions of dead entries: 32 to 50
+/// ms of planning for every claim, over a second for the first. The claim
+/// from the head has no range to estimate. The claim from an id has one,
+/// but the relay plans it generically (plan_cache_mode, set by
+/// `relay::session`), and a plan built without the parameter's value has
+/// nothing to probe with.
+fn claim_sql(table: &str, from: bool) -> String {
+    let range = if from { "AND id >= $3::bigint " } else { "" };
     format!(
         "SELECT {SELECTED} FROM {table} \
          WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now() \
-           AND id >= $3::bigint \
+           {range}\
          ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
     )
 }
@@ -289,46 +427,71 @@ fn claim_sql(table: &str) -> String {
 /// Ordered mode may not skip past an event: it stops before the first
 /// pending event that is still backing off, and it waits for (rather than
 /// skips) a row another transaction holds. Dead events no longer count as
-/// pending, which is how a poison event stops blocking the table. It takes
-/// `from` like the plain claim, but an ordered run always claims from the
-/// head of the table.
+/// pending, which is how a poison event stops blocking the table. It
+/// always claims from the head of the table.
 fn ordered_claim_sql(table: &str) -> String {
     format!(
         "SELECT {SELECTED} FROM {table} \
          WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now() \
-           AND id >= $3::bigint AND id < coalesce((SELECT min(id) FROM {table} \
+           AND id < coalesce((SELECT min(id) FROM {table} \
                               WHERE published_at IS NULL AND attempts < $1::int \
                                 AND available_at > now()), 9223372036854775807) \
          ORDER BY id LIMIT $2 FOR UPDATE"
     )
 }
 
-fn mark_published_sql(table: &str) -> String {
-    format!("UPDATE {table} SET published_at = now() WHERE id = ANY($1::bigint[])")
+/// On a table partitioned by created_at, the condition that confines a
+/// mark to the claimed events' partitions: `first` and `first + 1` are the
+/// numbers of the parameters holding the range (see Created).
+fn created_range(alias: &str, by_created_at: bool, first: u8) -> String {
+    match by_created_at {
+        true => format!(
+            " AND {alias}created_at >= to_timestamp(${first}::float8) \
+             AND {alias}created_at <= to_timestamp(${}::float8)",
+            first + 1
+        ),
+        false => String::new(),
+    }
+}
+
+fn mark_published_sql(table: &str, by_created_at: bool) -> String {
+    let range = created_range("", by_created_at, 2);
+    format!("UPDATE {table} SET published_at = now() WHERE id = ANY($1::bigint[]){range}")
+}
+
+/// --on-publish delete: the row goes in the batch's transaction. A delete
+/// writes no new row version and no index entry, where the mark writes
+/// both (it cannot be a HOT update: published_at is in the pending index's
+/// predicate).
+fn delete_published_sql(table: &str, by_created_at: bool) -> String {
+    let range = created_range("", by_created_at, 2);
+    format!("DELETE FROM {table} WHERE id = ANY($1::bigint[]){range}")
 }
 
 /// The backoff counts from the failure, clock_timestamp(), not from now(),
 /// which is the start of the transaction: a batch that took longer to
 /// publish than the first backoff step would otherwise commit a retry time
 /// already in the past.
-fn mark_failed_sql(table: &str) -> String {
+fn mark_failed_sql(table: &str, by_created_at: bool) -> String {
+    let range = created_range("o.", by_created_at, 5);
     format!(
         "UPDATE {table} AS o SET attempts = o.attempts + 1, last_error = f.error, \
            available_at = clock_timestamp() + make_interval(secs => \
              least($4::float8, $3::float8 * power(2, least(o.attempts, 30))) \
              * {JITTER_SQL}) \
          FROM unnest($1::bigint[], $2::text[]) AS f(id, error) \
-         WHERE o.id = f.id"
+         WHERE o.id = f.id{range}"
     )
 }
 
 /// As mark_failed_sql, but the attempts are left alone and the wait is
 /// NACK_BACKOFF ($3 seconds) times the jitter.
-fn mark_declined_sql(table: &str) -> String {
+fn mark_declined_sql(table: &str, by_created_at: bool) -> String {
+    let range = created_range("", by_created_at, 4);
     format!(
         "UPDATE {table} SET last_error = $2::text, \
            available_at = clock_timestamp() + make_interval(secs => $3::float8 * {JITTER_SQL}) \
-         WHERE id = ANY($1::bigint[])"
+         WHERE id = ANY($1::bigint[]){range}"
     )
 }
 
@@ -336,3 +499,60 @@ fn mark_declined_sql(table: &str) -> String {
 /// spellings of one table always do.
 const TRY_LOCK_SQL: &str =
     "SELECT pg_try_advisory_xact_lock(2052318419, $1::text::regclass::oid::int)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_claim_from_an_id_has_a_range_on_id() {
+        assert!(!claim_sql("t", false).contains("id >="));
+        assert!(claim_sql("t", true).contains("AND id >= $3::bigint "));
+        assert!(!ordered_claim_sql("t").contains("id >="));
+    }
+
+    #[test]
+    fn marks_on_a_table_partitioned_by_created_at_carry_the_batchs_range() {
+        assert!(!mark_published_sql("t", false).contains("created_at"));
+        assert!(mark_published_sql("t", true).ends_with(
+            "WHERE id = ANY($1::bigint[]) AND created_at >= to_timestamp($2::float8) \
+             AND created_at <= to_timestamp($3::float8)"
+        ));
+        assert!(delete_published_sql("t", true).contains("AND created_at <= to_timestamp($3"));
+        assert!(
+            mark_declined_sql("t", true).ends_with("AND created_at <= to_timestamp($5::float8)")
+        );
+        assert!(mark_failed_sql("t", true).ends_with(
+            "WHERE o.id = f.id AND o.created_at >= to_timestamp($5::float8) \
+             AND o.created_at <= to_timestamp($6::float8)"
+        ));
+    }
+
+    #[test]
+    fn a_batchs_range_holds_every_second_its_events_were_created_in() {
+        let event = |created_at| Event {
+            id: 1,
+            event_id: "e".into(),
+            event_type: "t".into(),
+            payload: "{}".into(),
+            created_at,
+            attempts: 0,
+            unreadable: None,
+        };
+        assert_eq!(
+            Created::of(&[event(Some(20.0)), event(Some(10.0)), event(Some(15.0))]),
+            Created {
+                from: 10.0,
+                to: 21.0
+            }
+        );
+        assert_eq!(
+            Created::of(&[event(Some(10.0)), event(Some(f64::INFINITY))]),
+            Created {
+                from: 10.0,
+                to: f64::INFINITY
+            }
+        );
+        assert_eq!(Created::of(&[]), Created::ALL);
+    }
+}

@@ -203,6 +203,26 @@ impl Fixture {
         fixture
     }
 
+    /// Like `new`, but the table is the time-partitioned outbox of
+    /// migrations/example_partitioned_outbox.sql, applied as it is in the
+    /// fixture's schema (daily partitions from yesterday to 14 days ahead),
+    /// then migrated.
+    pub fn partitioned(test: &str) -> Fixture {
+        const EXAMPLE: &str = include_str!("../../migrations/example_partitioned_outbox.sql");
+        let mut fixture = Fixture::bare(test);
+        let sql = format!(
+            "SET search_path TO \"{}\"; {EXAMPLE}; RESET search_path",
+            fixture.schema
+        );
+        fixture
+            .db
+            .batch_execute(&sql)
+            .expect("applying the example");
+        let run = fixture.run(&["migrate"]);
+        assert_eq!(run.code, 0, "migrate failed: {}", run.stderr);
+        fixture
+    }
+
     /// The schema, exchange and queue, but no table.
     pub fn bare(test: &str) -> Fixture {
         let mut name: String = format!("t{}_{test}", std::process::id());
@@ -331,6 +351,15 @@ impl Fixture {
         rows.iter()
             .map(|row| (row.get(0), row.get(1), row.get(2)))
             .collect()
+    }
+
+    /// Sends the statistics the fixture's own session has gathered (its
+    /// inserts and updates) to the server's shared statistics now, rather
+    /// than within the next second or so, so another session reads them.
+    pub fn flush_stats(&mut self) {
+        self.db
+            .batch_execute("SELECT pg_stat_force_next_flush()")
+            .unwrap();
     }
 
     /// The database's clock now.
