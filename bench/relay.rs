@@ -29,10 +29,10 @@ use common::{FAILED, Figure, Fixture, Settings, check, header, print_figure};
 use futures_util::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{Channel, Confirmation};
-use outbox_poll::broker::message::{properties, short_strings};
+use outbox_poll::broker::message::{Outgoing, outgoing};
 use outbox_poll::cli::DEFAULT_MAX_ATTEMPTS;
 use outbox_poll::config::in_flight;
-use outbox_poll::sql::outbox::{Event, Outbox};
+use outbox_poll::sql::outbox::{Event, Order, Outbox};
 use outbox_poll::sql::table::TableName;
 use postgres::{Client, NoTls};
 
@@ -41,7 +41,7 @@ use postgres::{Client, NoTls};
 /// ships.
 fn relay_statements(fx: &Fixture, client: &mut Client) -> Outbox {
     let table = TableName::parse(&fx.table()).expect("the bench's table name");
-    Outbox::prepare(client, &table, DEFAULT_MAX_ATTEMPTS, false)
+    Outbox::prepare(client, &table, DEFAULT_MAX_ATTEMPTS, Order::Plain)
         .expect("preparing the relay's statements")
 }
 
@@ -52,14 +52,17 @@ fn claim(client: &mut Client, outbox: &Outbox, limit: i64) -> Vec<Event> {
 }
 
 /// A publish of `event` as the relay makes it: routing key, properties
-/// and body from `broker::message`, `mandatory` set.
+/// and body from `broker::message`, `mandatory` set. The bench's events
+/// have no headers, so no frame size can refuse them.
 fn publish<'c>(
     channel: &'c Channel,
     exchange: &str,
     event: &'c Event,
 ) -> impl Future<Output = lapin::Result<lapin::PublisherConfirm>> + 'c {
-    let (routing_key, message_id) = short_strings(event).expect("short event names");
-    let properties = properties(event, routing_key.clone(), message_id);
+    let Outgoing {
+        routing_key,
+        properties,
+    } = outgoing(event, u32::MAX).expect("a sendable event");
     channel.basic_publish(
         exchange.into(),
         routing_key,

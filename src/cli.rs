@@ -170,10 +170,16 @@ pub struct PollArgs {
     #[arg(long, env = "OUTBOX_MAX_DURATION", value_parser = parse_duration)]
     pub max_duration: Option<Duration>,
 
-    /// One publisher per table, strict id order, stop a batch at its first failure.
+    /// One publisher per table, strict order, stop a batch at its first failure.
     #[arg(long, env = "OUTBOX_ORDERED", action = ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     pub ordered: bool,
+
+    /// Order per ordering_key: one event of a key at a time, keys in parallel.
+    #[arg(long, env = "OUTBOX_ORDERED_BY_KEY", action = ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new(),
+          conflicts_with = "ordered")]
+    pub ordered_by_key: bool,
 
     /// Print the claimed batch as JSON lines, publish nothing, roll back.
     #[arg(long)]

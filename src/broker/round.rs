@@ -10,11 +10,10 @@ use std::task::Poll;
 use anyhow::anyhow;
 use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
-use lapin::types::ShortString;
 use lapin::{Channel, Confirmation, PublisherConfirm};
 use tokio::time::{Instant, timeout_at};
 
-use crate::broker::message::{properties, short_strings};
+use crate::broker::message::{Outgoing, outgoing};
 use crate::sql::outbox::Event;
 
 /// The result of one pipelined round.
@@ -49,8 +48,9 @@ pub async fn publish_round(
     exchange: &str,
     events: &[&Event],
     deadline: Instant,
+    frame_max: u32,
 ) -> Round {
-    let issued = issue_round(channel, exchange, events, deadline).await;
+    let issued = issue_round(channel, exchange, events, deadline, frame_max).await;
     await_round(issued, events, deadline).await
 }
 
@@ -59,20 +59,23 @@ pub async fn publish_round(
 /// stream instead of one io-thread hand-off per message. After the first
 /// publish that fails (or times out), that event and every later one are
 /// unresolved (left as they were), and nothing after it is sent, exactly as
-/// when they went one by one.
+/// when they went one by one. An event that cannot be a message (see
+/// `message::outgoing`; `frame_max` is the connection's) is not sent and
+/// fails.
 pub async fn issue_round(
     channel: &Channel,
     exchange: &str,
     events: &[&Event],
     deadline: Instant,
+    frame_max: u32,
 ) -> Issued {
     let mut round = Round::default();
-    let mut too_long = Vec::new();
+    let mut unsendable = Vec::new();
     let mut sendable = Vec::with_capacity(events.len());
     for (position, &event) in events.iter().enumerate() {
-        match short_strings(event) {
-            Some(strings) => sendable.push((position, event, strings)),
-            None => too_long.push(position),
+        match outgoing(event, frame_max) {
+            Ok(message) => sendable.push((position, event, message)),
+            Err(reason) => unsendable.push((position, reason)),
         }
     }
     let mut pending = Vec::with_capacity(sendable.len());
@@ -107,11 +110,8 @@ pub async fn issue_round(
             }
         }
     }
-    for position in too_long.into_iter().take_while(|&p| p < stopped_at) {
-        round.failed.push((
-            events[position].id,
-            "event_type or event_id is longer than AMQP's 255 bytes".into(),
-        ));
+    for (position, reason) in unsendable.into_iter().take_while(|(p, _)| *p < stopped_at) {
+        round.failed.push((events[position].id, reason));
     }
     Issued { pending, round }
 }
@@ -132,7 +132,7 @@ pub async fn await_round(issued: Issued, events: &[&Event], deadline: Instant) -
 async fn issue(
     channel: &Channel,
     exchange: &str,
-    window: Vec<(usize, &Event, (ShortString, ShortString))>,
+    window: Vec<(usize, &Event, Outgoing)>,
 ) -> Vec<lapin::Result<PublisherConfirm>> {
     let options = BasicPublishOptions {
         mandatory: true,
@@ -140,16 +140,24 @@ async fn issue(
     };
     let mut publishes: Vec<_> = window
         .into_iter()
-        .map(|(_, event, (routing_key, message_id))| {
-            let properties = properties(event, routing_key.clone(), message_id);
-            Box::pin(channel.basic_publish(
-                exchange.into(),
-                routing_key,
-                options,
-                event.payload.as_bytes(),
-                properties,
-            ))
-        })
+        .map(
+            |(
+                _,
+                event,
+                Outgoing {
+                    routing_key,
+                    properties,
+                },
+            )| {
+                Box::pin(channel.basic_publish(
+                    exchange.into(),
+                    routing_key,
+                    options,
+                    event.payload.as_bytes(),
+                    properties,
+                ))
+            },
+        )
         .collect();
     let mut results: Vec<Option<lapin::Result<PublisherConfirm>>> = std::iter::repeat_with(|| None)
         .take(publishes.len())

@@ -13,7 +13,7 @@ use crate::connect::database;
 use crate::exit::Exit;
 use crate::guard::watchdog::Watchdog;
 use crate::report::{plural, stdout};
-use crate::sql::figures::{self, Figures};
+use crate::sql::figures::{self, Figures, HeldBack};
 use crate::sql::table::TableName;
 
 pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
@@ -32,9 +32,10 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
         Some(types) => Figures::sum(types),
         None => figures::of_table(&mut client, table, max_attempts)?,
     };
+    let held_back = figures::held_back(&mut client, table, max_attempts)?;
     let text = match json {
-        true => json_text(&total, by_type.as_deref()),
-        false => table_text(table, &total, by_type.as_deref()),
+        true => json_text(&total, held_back.as_ref(), by_type.as_deref()),
+        false => table_text(table, &total, held_back.as_ref(), by_type.as_deref()),
     };
     stdout::write(text.as_bytes()).map_err(stdout::unwritable)?;
     let crossed = thresholds_crossed(&total, args);
@@ -47,10 +48,16 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
     })
 }
 
-/// The contract's object, and with --by-type a `by_type` object keyed by
-/// event type, each with the same five fields.
-fn json_text(total: &Figures, by_type: Option<&[(String, Figures)]>) -> String {
+/// The contract's object, then `ordered_held_back_s`, and with --by-type a
+/// `by_type` object keyed by event type, each with the contract's five
+/// fields.
+fn json_text(
+    total: &Figures,
+    held_back: Option<&HeldBack>,
+    by_type: Option<&[(String, Figures)]>,
+) -> String {
     let mut object = total.to_json();
+    object["ordered_held_back_s"] = held_back.map(|held| held.age_s).into();
     if let Some(types) = by_type {
         let types: serde_json::Map<String, serde_json::Value> = types
             .iter()
@@ -84,8 +91,14 @@ fn thresholds_crossed(figures: &Figures, args: &StatusArgs) -> Vec<String> {
 }
 
 /// The text for people: the totals, then (with --by-type) one line per type.
-fn table_text(table: &TableName, total: &Figures, by_type: Option<&[(String, Figures)]>) -> String {
+fn table_text(
+    table: &TableName,
+    total: &Figures,
+    held_back: Option<&HeldBack>,
+    by_type: Option<&[(String, Figures)]>,
+) -> String {
     let mut text = totals_text(table, total);
+    text.push_str(&held_back_line(held_back));
     if let Some(types) = by_type {
         text.push('\n');
         text.push_str(&types_text(types));
@@ -114,6 +127,20 @@ fn totals_text(table: &TableName, total: &Figures) -> String {
          oldest pending  {oldest}\n",
         counts[0], counts[1], counts[2], counts[3],
     )
+}
+
+/// How long the ordered modes have been held back, and by which session.
+fn held_back_line(held_back: Option<&HeldBack>) -> String {
+    let Some(held) = held_back else {
+        return "held back       -\n".into();
+    };
+    let age = humantime::format_duration(Duration::from_secs(held.age_s.max(0) as u64));
+    match held.pid {
+        Some(pid) => format!(
+            "held back       {age} (the ordered modes wait for the open transaction of pid {pid})\n"
+        ),
+        None => format!("held back       {age} (the ordered modes wait for an open transaction)\n"),
+    }
 }
 
 /// One aligned line per event type, under a header.
@@ -175,14 +202,19 @@ mod tests {
                 },
             ),
         ];
+        let held = HeldBack {
+            age_s: 125,
+            pid: Some(4242),
+        };
         assert_eq!(
-            table_text(&table, &total, Some(&types)),
+            table_text(&table, &total, Some(&held), Some(&types)),
             "table           app.outbox\n\
              pending         12\n\
              due              3\n\
              retrying         1\n\
              dead             0\n\
              oldest pending  1h 1m 1s\n\
+             held back       2m 5s (the ordered modes wait for the open transaction of pid 4242)\n\
              \n\
              event type     pending  due  retrying  dead\n\
              a                   12    3         1     0\n\

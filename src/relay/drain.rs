@@ -17,6 +17,7 @@ use crate::relay::batch::{self, Ended, InFlight, Opened};
 use crate::relay::session::Session;
 use crate::report::progress::Progress;
 use crate::report::totals::Totals;
+use crate::sql::outbox::Order;
 
 /// What every batch of a run shares.
 pub struct Drain<'a> {
@@ -112,6 +113,7 @@ impl Drain<'_> {
         let mut flight = Flight::new();
         let mut claims = Claims::new();
         let mut claiming = true;
+        let by_key = self.relay.order() == Order::ByKey;
         loop {
             while claiming && self.may_open(flight.len()) {
                 let Some(index) = self.free_session(&mut sessions, claims.backlog) else {
@@ -124,7 +126,15 @@ impl Drain<'_> {
                 }
                 self.arm_for_batches();
                 match self.open_next(&mut sessions.all[index], &mut claims) {
-                    Ok(Some(batch)) => flight.push_back((index, batch)),
+                    Ok(Some(batch)) => {
+                        // --ordered-by-key: a batch that is not full took
+                        // every event claimable now; the next events of its
+                        // keys become claimable once it has settled.
+                        if by_key && (batch.claimed() as i64) < self.relay.batch_size {
+                            claiming = false;
+                        }
+                        flight.push_back((index, batch));
+                    }
                     Ok(None) => {
                         sessions.idle.push(index);
                         claiming = false;
@@ -142,6 +152,11 @@ impl Drain<'_> {
                 return self.settle_after_failure(sessions.all, flight, error);
             }
             sessions.idle.push(index);
+            // --ordered-by-key: a claim that found nothing may have found
+            // every key held by the batches in flight, and this one's keys
+            // may have their next events claimable now. The drain ends once
+            // a claim finds nothing with no batch in flight.
+            claiming |= by_key;
         }
     }
 
@@ -153,8 +168,9 @@ impl Drain<'_> {
         claims: &mut Claims,
     ) -> Result<Option<InFlight>> {
         let relay = self.relay;
-        // Ordered mode never passes a row: it always claims from the head.
-        let from = claims.next().filter(|_| !relay.ordered);
+        // The ordered modes never pass a row: they always claim from the
+        // head (--ordered-by-key's claim is not in id order at all).
+        let from = claims.next().filter(|_| relay.order() == Order::Plain);
         match batch::open(session, relay, self.broker, self.stop, self.totals, from)? {
             Opened::InFlight(batch) => {
                 claims.claimed(from, &batch, relay.batch_size);

@@ -25,7 +25,7 @@ impl Session {
             &mut client,
             &database.table,
             database.max_attempts,
-            relay.ordered,
+            relay.order(),
         )?;
         Ok(Session { client, outbox })
     }

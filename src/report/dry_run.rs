@@ -16,7 +16,7 @@ pub fn print(events: &[Event]) -> Result<()> {
             serde_json::from_str(&event.payload).context("reading a payload from the table")?;
         let created_at =
             std::time::UNIX_EPOCH + std::time::Duration::from_secs(event.created_at.max(0) as u64);
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "id": event.id,
             "event_id": event.event_id,
             "event_type": event.event_type,
@@ -24,6 +24,17 @@ pub fn print(events: &[Event]) -> Result<()> {
             "created_at": humantime::format_rfc3339_seconds(created_at).to_string(),
             "attempts": event.attempts,
         });
+        // The optional columns, where the row has them.
+        if let Some(headers) = &event.headers {
+            line["headers"] =
+                serde_json::from_str(headers).context("reading headers from the table")?;
+        }
+        if let Some(routing_key) = &event.routing_key {
+            line["routing_key"] = routing_key.as_str().into();
+        }
+        if let Some(ordering_key) = &event.ordering_key {
+            line["ordering_key"] = ordering_key.as_str().into();
+        }
         stdout::line(&line.to_string()).map_err(stdout::unwritable)?;
     }
     Ok(())
