@@ -38,6 +38,7 @@ pub fn env_list(name: &str, default: &str) -> Vec<i64> {
         .collect()
 }
 
+#[derive(Clone)]
 pub struct Settings {
     pub database_url: String,
     pub amqp_url: String,
@@ -47,6 +48,9 @@ pub struct Settings {
     pub batches: Vec<i64>,
     pub scaling: Vec<i64>,
     pub scaling_batch: i64,
+    pub ordered_events: i64,
+    pub few_keys_events: i64,
+    pub insert_rows: i64,
     pub only: Option<Vec<String>>,
 }
 
@@ -64,6 +68,9 @@ impl Settings {
             batches: env_list("BENCH_BATCHES", "100,1000,5000"),
             scaling: env_list("BENCH_SCALING", "1,2,4"),
             scaling_batch: env_or("BENCH_SCALING_BATCH", "1000").parse().unwrap(),
+            ordered_events: env_or("BENCH_ORDERED_EVENTS", "20000").parse().unwrap(),
+            few_keys_events: env_or("BENCH_FEW_KEYS_EVENTS", "20000").parse().unwrap(),
+            insert_rows: env_or("BENCH_INSERT_ROWS", "20000").parse().unwrap(),
             only: std::env::var("BENCH_ONLY")
                 .ok()
                 .map(|s| s.split(',').map(|p| p.trim().to_string()).collect()),
@@ -80,6 +87,10 @@ impl Settings {
 /// The bench's own schema, exchange and queue; removed on drop.
 pub struct Fixture {
     pub name: String,
+    /// Where `own_database` was created from, to drop it.
+    admin_url: String,
+    /// The database this fixture created (see `in_own_database`).
+    own_database: Option<String>,
     pub db: Client,
     pub runtime: Runtime,
     pub connection: Connection,
@@ -104,7 +115,40 @@ impl Figure {
 
 impl Fixture {
     pub fn new(settings: Settings) -> Fixture {
-        let name = format!("bench_{}", std::process::id());
+        let admin_url = settings.database_url.clone();
+        Fixture::named(
+            format!("bench_{}", std::process::id()),
+            settings,
+            admin_url,
+            None,
+        )
+    }
+
+    /// A fixture in a database of its own, `bench_<pid>_<suffix>`, created
+    /// on the server of BENCH_DATABASE_URL and dropped with the fixture.
+    /// The ordered modes wait for every transaction of their database that
+    /// could still insert an event sorting first: in a database of their
+    /// own, no one else's transactions (tests, other benches) hold them.
+    pub fn in_own_database(mut settings: Settings, suffix: &str) -> Fixture {
+        let name = format!("bench_{}_{suffix}", std::process::id());
+        let admin_url = settings.database_url.clone();
+        let mut admin = Client::connect(&admin_url, NoTls).expect("connecting to PostgreSQL");
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE template0"))
+            .unwrap();
+        settings.database_url = url_in_database(&admin_url, &name);
+        Fixture::named(name.clone(), settings, admin_url, Some(name))
+    }
+
+    fn named(
+        name: String,
+        settings: Settings,
+        admin_url: String,
+        own_database: Option<String>,
+    ) -> Fixture {
         let mut db =
             Client::connect(&settings.database_url, NoTls).expect("connecting to PostgreSQL");
         db.batch_execute(&format!(
@@ -159,6 +203,8 @@ impl Fixture {
         });
         let fixture = Fixture {
             name,
+            admin_url,
+            own_database,
             db,
             runtime,
             connection,
@@ -186,16 +232,18 @@ impl Fixture {
     /// With `rss`, the binary runs under GNU time, which writes its peak
     /// RSS (KiB) to that file.
     pub fn command_measured(&self, rss: Option<&std::path::Path>) -> Command {
+        self.command_of(&binary(), rss)
+    }
+
+    /// `command_measured` for the binary at `bin`.
+    pub fn command_of(&self, bin: &str, rss: Option<&std::path::Path>) -> Command {
         let mut command = match rss {
             Some(file) => {
                 let mut command = Command::new(GNU_TIME);
-                command
-                    .args(["-f", "%M", "-q", "-o"])
-                    .arg(file)
-                    .arg(binary());
+                command.args(["-f", "%M", "-q", "-o"]).arg(file).arg(bin);
                 command
             }
-            None => Command::new(binary()),
+            None => Command::new(bin),
         };
         for (name, _) in std::env::vars() {
             if name.starts_with("PG")
@@ -218,6 +266,12 @@ impl Fixture {
     /// An empty table and queue, then `count` events of about `bytes` bytes
     /// of JSON each (as PostgreSQL prints them). Returns the mean size.
     pub fn fill(&mut self, count: i64, bytes: i64) -> f64 {
+        self.fill_keyed(count, bytes, None)
+    }
+
+    /// `fill`, and with `keys` each event gets ordering_key `key-<n % keys>`:
+    /// the keys interleaved, as many events each.
+    pub fn fill_keyed(&mut self, count: i64, bytes: i64, keys: Option<i64>) -> f64 {
         self.purge();
         let table = self.table();
         // The rest of the object prints as 84 to 98 bytes: the mean payload
@@ -229,12 +283,17 @@ impl Fixture {
         self.db
             .execute(
                 &format!(
-                    "INSERT INTO {table} (event_id, event_type, payload) \
+                    "INSERT INTO {table} (event_id, event_type, payload{key_column}) \
                      SELECT 'ev-' || g, 'order.created', jsonb_build_object( \
                        'order_id', g, 'customer', 'cust-' || (g % 977), \
                        'amount_cents', (g * 7919) % 100000, 'currency', 'EUR', \
-                       'note', repeat('x', $2::int)) \
-                     FROM generate_series(1, $1::bigint) g"
+                       'note', repeat('x', $2::int)){key_value} \
+                     FROM generate_series(1, $1::bigint) g",
+                    key_column = if keys.is_some() { ", ordering_key" } else { "" },
+                    key_value = match keys {
+                        Some(keys) => format!(", 'key-' || g % {keys}"),
+                        None => String::new(),
+                    },
                 ),
                 &[&count, &(note as i32)],
             )
@@ -367,6 +426,17 @@ impl Fixture {
         args: &[&str],
         rss: bool,
     ) -> (f64, u64, Option<u64>, bool) {
+        self.run_binary_of(&binary(), processes, args, rss)
+    }
+
+    /// `run_binary` for the binary at `bin`.
+    pub fn run_binary_of(
+        &self,
+        bin: &str,
+        processes: i64,
+        args: &[&str],
+        rss: bool,
+    ) -> (f64, u64, Option<u64>, bool) {
         let rss = rss && std::path::Path::new(GNU_TIME).exists();
         let files: Vec<_> = (0..processes)
             .map(|i| std::env::temp_dir().join(format!("{}_{i}.rss", self.name)))
@@ -375,7 +445,7 @@ impl Fixture {
         let children: Vec<_> = files
             .iter()
             .map(|file| {
-                self.command_measured(rss.then_some(file.as_path()))
+                self.command_of(bin, rss.then_some(file.as_path()))
                     .args(args)
                     .spawn()
                     .expect("spawning outbox-poll")
@@ -415,9 +485,14 @@ impl Fixture {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        let _ = self
-            .db
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
+        let _ = match &self.own_database {
+            Some(database) => Client::connect(&self.admin_url, NoTls).and_then(|mut admin| {
+                admin.batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+            }),
+            None => self
+                .db
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name)),
+        };
         self.runtime.block_on(async {
             let _ = self
                 .channel
@@ -430,6 +505,22 @@ impl Drop for Fixture {
             let _ = self.connection.close(200, "bye".into()).await;
         });
     }
+}
+
+/// `url` (a PostgreSQL URL) naming database `dbname` instead.
+fn url_in_database(url: &str, dbname: &str) -> String {
+    let config: postgres::Config = url.parse().expect("BENCH_DATABASE_URL");
+    let user = config.get_user().unwrap_or("postgres");
+    let password = match config.get_password() {
+        Some(password) => format!(":{}", String::from_utf8_lossy(password)),
+        None => String::new(),
+    };
+    let host = match &config.get_hosts()[0] {
+        postgres::config::Host::Tcp(host) => host.clone(),
+        other => panic!("the bench needs a TCP database host, not {other:?}"),
+    };
+    let port = config.get_ports()[0];
+    format!("postgresql://{user}{password}@{host}:{port}/{dbname}")
 }
 
 pub static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

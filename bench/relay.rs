@@ -16,11 +16,15 @@
 //! build's), BENCH_DATABASE_URL, BENCH_AMQP_URL, BENCH_EVENTS
 //! (100000), BENCH_NAIVE_EVENTS (10000), BENCH_EMPTY_RUNS (50),
 //! BENCH_BATCHES (100,1000,5000), BENCH_SCALING (1,2,4: concurrent drains),
-//! BENCH_SCALING_BATCH (1000), BENCH_ONLY (a
-//! comma-separated subset of: limits,shapes,drain,naive,empty,memory,
-//! scaling).
+//! BENCH_SCALING_BATCH (1000), BENCH_BEFORE_BIN (a build the `ordered`
+//! section compares this one with), BENCH_ORDERED_EVENTS (20000),
+//! BENCH_FEW_KEYS_EVENTS (20000: the 10-key by_key run), BENCH_INSERT_ROWS
+//! (20000), BENCH_ONLY (a comma-separated subset of: limits,shapes,drain,
+//! naive,empty,memory,scaling,ordered,by_key,inserts). The ordered modes'
+//! sections are in bench/ordering.rs.
 
 mod common;
+mod ordering;
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -351,6 +355,27 @@ fn main() {
             figures.push(drain(&mut fx, name, count, 1024, 5000, 1));
         }
     }
+    let mut notes = Vec::new();
+    if fx.settings.wants("ordered") || fx.settings.wants("by_key") {
+        let mut own = Fixture::in_own_database(fx.settings.clone(), "ordering");
+        if own.settings.wants("ordered") {
+            let (ordered, ratios) = ordering::ordered(&mut own);
+            figures.extend(ordered);
+            notes.extend(ratios);
+        }
+        if own.settings.wants("by_key") {
+            let (by_key, ratios) = ordering::by_key(&mut own);
+            figures.extend(by_key);
+            notes.extend(ratios);
+        }
+        eprintln!(
+            "bench: ordered modes done at {:.0}s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    if fx.settings.wants("inserts") {
+        notes.extend(ordering::inserts(&mut fx));
+    }
     let mut empty = None;
     if fx.settings.wants("empty") {
         fx.fill(0, 200);
@@ -370,6 +395,12 @@ fn main() {
     header();
     for figure in &figures {
         print_figure(figure, broker, pg);
+    }
+    if !notes.is_empty() {
+        println!();
+        for note in &notes {
+            println!("{note}");
+        }
     }
     if let Some((runs, median, p90, min)) = empty {
         println!();
