@@ -144,7 +144,7 @@ pub struct PollArgs {
     )]
     pub amqp_url: String,
 
-    /// Exchange to publish to; the routing key is the event type.
+    /// Exchange to publish to; the routing key is the event type (or the routing_key column).
     #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox")]
     pub exchange: String,
 

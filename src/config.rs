@@ -47,6 +47,7 @@ pub struct Relay {
     pub in_flight: usize,
     pub max_batches: Option<u64>,
     pub max_duration: Option<Duration>,
+    /// --ordered; never set together with `ordered_by_key` (clap refuses it).
     pub ordered: bool,
     pub ordered_by_key: bool,
     pub dry_run: bool,

@@ -26,14 +26,17 @@ pub struct Headers {
     pub bytes: usize,
 }
 
-impl Headers {
-    pub fn new() -> Self {
+/// No headers yet: an empty table still has its length prefix.
+impl Default for Headers {
+    fn default() -> Self {
         Headers {
             table: FieldTable::default(),
             bytes: 4,
         }
     }
+}
 
+impl Headers {
     /// Reads the headers column (jsonb as PostgreSQL prints it).
     pub fn from_json(text: &str) -> Result<Self, String> {
         let value: Value = serde_json::from_str(text)

@@ -70,7 +70,7 @@ fn headers(event: &Event) -> Result<Option<Headers>, String> {
     let mut headers = match &event.headers {
         Some(json) => Headers::from_json(json)?,
         None if event.ordering_key.is_none() => return Ok(None),
-        None => Headers::new(),
+        None => Headers::default(),
     };
     if let Some(key) = &event.ordering_key {
         headers.insert_string(ORDERING_KEY_HEADER, key);

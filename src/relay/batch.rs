@@ -40,7 +40,9 @@ impl InFlight {
         self.events.len()
     }
 
-    /// The highest id claimed (the claim is in id order, and never empty).
+    /// The last id claimed: the highest, for a plain claim, which is in id
+    /// order (and never empty). The ordered modes' claims are not in id
+    /// order, and never start from it.
     pub fn last_id(&self) -> i64 {
         self.events.last().map_or(i64::MIN, |event| event.id)
     }
