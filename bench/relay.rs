@@ -36,7 +36,7 @@ use lapin::{Channel, Confirmation};
 use outbox_poll::broker::message::{Outgoing, outgoing};
 use outbox_poll::cli::DEFAULT_MAX_ATTEMPTS;
 use outbox_poll::config::in_flight;
-use outbox_poll::sql::outbox::{Event, Order, Outbox};
+use outbox_poll::sql::outbox::{Event, Order, Outbox, Start};
 use outbox_poll::sql::table::TableName;
 use postgres::{Client, NoTls};
 
@@ -52,7 +52,7 @@ fn relay_statements(fx: &Fixture, client: &mut Client) -> Outbox {
 /// Claims up to `limit` events as the relay does, in the transaction open
 /// on `client`.
 fn claim(client: &mut Client, outbox: &Outbox, limit: i64) -> Vec<Event> {
-    outbox.claim(client, limit, None).expect("claiming")
+    outbox.claim(client, limit, &Start::Head).expect("claiming")
 }
 
 /// A publish of `event` as the relay makes it: routing key, properties

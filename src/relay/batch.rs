@@ -12,7 +12,7 @@ use crate::guard::stop::Stop;
 use crate::relay::session::Session;
 use crate::report::dry_run;
 use crate::report::totals::Totals;
-use crate::sql::outbox::Event;
+use crate::sql::outbox::{Event, Start};
 
 /// Why a batch ended before anything was published.
 #[derive(Debug, PartialEq, Eq)]
@@ -41,10 +41,17 @@ impl InFlight {
     }
 
     /// The last id claimed: the highest, for a plain claim, which is in id
-    /// order (and never empty). The ordered modes' claims are not in id
-    /// order, and never start from it.
+    /// order (and never empty).
     pub fn last_id(&self) -> i64 {
         self.events.last().map_or(i64::MIN, |event| event.id)
+    }
+
+    /// The last key claimed, in the order of an --ordered-by-key claim.
+    pub fn last_key(&self) -> Option<&str> {
+        self.events
+            .iter()
+            .rev()
+            .find_map(|event| event.ordering_key.as_deref())
     }
 }
 
@@ -62,18 +69,17 @@ pub enum Opened {
 /// earlier would let another run claim and re-send events we have already
 /// published. If anything fails before the commit, the transaction is
 /// rolled back and the events are claimed again by a later run: a
-/// duplicate at worst, never a loss. Only rows from id `from` on are
-/// claimed (all of them if None).
+/// duplicate at worst, never a loss. The claim starts where `start` says.
 pub fn open(
     session: &mut Session,
     relay: &Relay,
     broker: &mut Broker,
     stop: &Stop,
     totals: &mut Totals,
-    from: Option<i64>,
+    start: &Start,
 ) -> Result<Opened> {
     session.begin()?;
-    let opened = claim_and_send(session, relay, broker, stop, totals, from);
+    let opened = claim_and_send(session, relay, broker, stop, totals, start);
     match &opened {
         Ok(Opened::InFlight(_)) => {}
         Ok(Opened::Ended(Ended::Empty | Ended::LockTaken)) => {
@@ -93,12 +99,12 @@ fn claim_and_send(
     broker: &mut Broker,
     stop: &Stop,
     totals: &mut Totals,
-    from: Option<i64>,
+    start: &Start,
 ) -> Result<Opened> {
-    if !session.try_lock()? {
+    if !session.before_claim()? {
         return Ok(Opened::Ended(Ended::LockTaken));
     }
-    let events = session.claim(relay.batch_size, from)?;
+    let events = session.claim(relay.batch_size, start)?;
     if events.is_empty() {
         return Ok(Opened::Ended(Ended::Empty));
     }

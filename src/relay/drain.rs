@@ -17,7 +17,7 @@ use crate::relay::batch::{self, Ended, InFlight, Opened};
 use crate::relay::session::Session;
 use crate::report::progress::Progress;
 use crate::report::totals::Totals;
-use crate::sql::outbox::Order;
+use crate::sql::outbox::{Order, Start};
 
 /// What every batch of a run shares.
 pub struct Drain<'a> {
@@ -58,8 +58,14 @@ const HEAD_EVERY: Duration = Duration::from_secs(1);
 /// starts from the head of the table again at least every HEAD_EVERY, after
 /// any claim that was not full (the drain has caught up), and before the
 /// drain ends: "until none is claimed" still means none at all.
+///
+/// --ordered-by-key's claims walk the keys instead, and start after the
+/// last key the drain claimed: the keys right after it are those its
+/// batches in flight do not hold. Each of its claims goes round every key,
+/// so none is passed over. --ordered always claims from the head.
 struct Claims {
     from: Option<i64>,
+    key: Option<String>,
     head_at: Instant,
     /// The last claim was a full batch: a backlog is waiting, worth another
     /// session. A partial one says the drain is about done.
@@ -70,19 +76,27 @@ impl Claims {
     fn new() -> Self {
         Claims {
             from: None,
+            key: None,
             head_at: Instant::now(),
             backlog: false,
         }
     }
 
-    /// Where the next claim starts: None for the head of the table.
-    fn next(&self) -> Option<i64> {
-        self.from.filter(|_| self.head_at.elapsed() < HEAD_EVERY)
+    /// Where the next claim starts, in the run's order.
+    fn next(&self, order: Order) -> Start {
+        match order {
+            Order::Plain => match self.from.filter(|_| self.head_at.elapsed() < HEAD_EVERY) {
+                Some(id) => Start::Id(id),
+                None => Start::Head,
+            },
+            Order::ByKey => self.key.clone().map_or(Start::Head, Start::AfterKey),
+            Order::Strict => Start::Head,
+        }
     }
 
-    /// After a claim from `from` that returned `batch`.
-    fn claimed(&mut self, from: Option<i64>, batch: &InFlight, batch_size: i64) {
-        if from.is_none() {
+    /// After a claim from `start` that returned `batch`.
+    fn claimed(&mut self, start: &Start, batch: &InFlight, batch_size: i64) {
+        if *start == Start::Head {
             self.head_at = Instant::now();
         }
         self.backlog = batch.claimed() as i64 == batch_size;
@@ -90,6 +104,9 @@ impl Claims {
             true => batch.last_id().checked_add(1),
             false => None,
         };
+        if let Some(key) = batch.last_key() {
+            self.key = Some(key.to_string());
+        }
     }
 }
 
@@ -168,15 +185,15 @@ impl Drain<'_> {
         claims: &mut Claims,
     ) -> Result<Option<InFlight>> {
         let relay = self.relay;
-        // The ordered modes never pass a row: they always claim from the
-        // head (--ordered-by-key's claim is not in id order at all).
-        let from = claims.next().filter(|_| relay.order() == Order::Plain);
-        match batch::open(session, relay, self.broker, self.stop, self.totals, from)? {
+        let start = claims.next(relay.order());
+        match batch::open(session, relay, self.broker, self.stop, self.totals, &start)? {
             Opened::InFlight(batch) => {
-                claims.claimed(from, &batch, relay.batch_size);
+                claims.claimed(&start, &batch, relay.batch_size);
                 Ok(Some(batch))
             }
-            Opened::Ended(Ended::Empty) if from.is_some() => {
+            // Only a plain claim can pass over rows (those behind where it
+            // started): it looks again from the head.
+            Opened::Ended(Ended::Empty) if matches!(start, Start::Id(_)) => {
                 claims.from = None;
                 self.open_next(session, claims)
             }

@@ -7,7 +7,7 @@ use postgres::Client;
 use crate::broker::publisher::Outcome;
 use crate::config::{Database, Relay};
 use crate::connect::database;
-use crate::sql::outbox::{Event, Outbox};
+use crate::sql::outbox::{Event, Outbox, Start};
 
 pub struct Session {
     pub client: Client,
@@ -61,15 +61,15 @@ impl Session {
         let _ = self.client.batch_execute("ROLLBACK");
     }
 
-    /// In ordered mode, takes the table's lock for this transaction if it
-    /// is free; plain runs need none and always go ahead.
-    pub fn try_lock(&mut self) -> Result<bool> {
-        self.outbox.try_lock(&mut self.client)
+    /// Whether this transaction may claim (see `Outbox::before_claim`): in
+    /// --ordered mode, whether the table's lock was free.
+    pub fn before_claim(&mut self) -> Result<bool> {
+        self.outbox.before_claim(&mut self.client)
     }
 
-    /// Claims up to `limit` due events from id `from` on (all if None).
-    pub fn claim(&mut self, limit: i64, from: Option<i64>) -> Result<Vec<Event>> {
-        self.outbox.claim(&mut self.client, limit, from)
+    /// Claims up to `limit` due events, starting where `start` says.
+    pub fn claim(&mut self, limit: i64, start: &Start) -> Result<Vec<Event>> {
+        self.outbox.claim(&mut self.client, limit, start)
     }
 
     /// The marks for what the broker said, in the batch's transaction.

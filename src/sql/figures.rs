@@ -7,7 +7,7 @@ use postgres::Client;
 
 use crate::connect::database::classify_on_table;
 use crate::sql::columns;
-use crate::sql::outbox::HORIZON;
+use crate::sql::outbox::{HORIZON, SEE_SESSIONS_SQL};
 use crate::sql::table::TableName;
 
 /// The backlog of one table (or of one event type in it).
@@ -110,20 +110,23 @@ pub fn held_back(
     if !columns::of_table(client, table, WHAT)?.producer_xid {
         return Ok(None);
     }
+    let classify = |error: postgres::Error| classify_on_table(&error, WHAT, table);
+    // As a claim does (see `Outbox::before_claim`): pg_stat_activity first,
+    // then the statements whose snapshots HORIZON reads, in one transaction.
+    let mut tx = client.transaction().map_err(classify)?;
+    tx.query_one(SEE_SESSIONS_SQL, &[]).map_err(classify)?;
     let sql = format!(
         "SELECT floor(extract(epoch FROM now() - min(created_at)))::bigint FROM {} \
          WHERE published_at IS NULL AND attempts < $1::int AND producer_xid >= {HORIZON}",
         table.quoted()
     );
-    let row = client
-        .query_one(&sql, &[&max_attempts])
-        .map_err(|error| classify_on_table(&error, WHAT, table))?;
+    let row = tx.query_one(&sql, &[&max_attempts]).map_err(classify)?;
     let Some(age_s) = row.get::<_, Option<i64>>(0) else {
         return Ok(None);
     };
-    let pid = client
+    let pid = tx
         .query_opt(&holder_sql(), &[])
-        .map_err(|error| classify_on_table(&error, WHAT, table))?
+        .map_err(classify)?
         .map(|row| row.get(0));
     Ok(Some(HeldBack { age_s, pid }))
 }

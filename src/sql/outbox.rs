@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
+use postgres::types::ToSql;
 use postgres::{Client, Statement};
 
 use crate::connect::database::classify_on_table;
@@ -36,6 +37,19 @@ pub enum Order {
     ByKey,
 }
 
+/// Where a claim starts. Only a hint of where the next claimable events
+/// are: every claim still considers the whole table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    /// The head of the table.
+    Head,
+    /// A plain claim: at this id (the drain's last claim ended before it).
+    Id(i64),
+    /// An --ordered-by-key claim: at the keys after this one, then from
+    /// the first key.
+    AfterKey(String),
+}
+
 /// One claimed row.
 #[derive(Debug, Clone, Default)]
 pub struct Event {
@@ -58,13 +72,14 @@ pub struct Event {
 pub struct Outbox {
     table: TableName,
     max_attempts: i32,
+    order: Order,
     /// The optional columns the claim selects, after the fixed six.
     columns: Columns,
     claim: Statement,
     mark_published: Statement,
     mark_failed: Statement,
-    /// Only in ordered mode: plain runs take no table lock at all.
-    try_lock: Option<Statement>,
+    /// Only in the ordered modes (see `before_claim`): plain runs need none.
+    before_claim: Option<Statement>,
 }
 
 impl Outbox {
@@ -95,22 +110,36 @@ impl Outbox {
             claim: prepare(client, &claim_sql)?,
             mark_published: prepare(client, &mark_published_sql(&quoted))?,
             mark_failed: prepare(client, &mark_failed_sql(&quoted))?,
-            try_lock: match order {
-                Order::Strict => Some(prepare(client, TRY_LOCK_SQL)?),
-                Order::Plain | Order::ByKey => None,
+            before_claim: match order {
+                Order::Strict => Some(prepare(client, LOCK_AND_SEE_SESSIONS_SQL)?),
+                Order::ByKey => Some(prepare(client, SEE_SESSIONS_SQL)?),
+                Order::Plain => None,
             },
             table: table.clone(),
             max_attempts,
+            order,
             columns,
         })
     }
 
-    /// Claims up to `limit` due events with ids from `from` on (the whole
-    /// table if None), locked until the transaction ends.
-    pub fn claim(&self, client: &mut Client, limit: i64, from: Option<i64>) -> Result<Vec<Event>> {
-        let from = from.unwrap_or(i64::MIN);
+    /// Claims up to `limit` due events, locked until the transaction ends,
+    /// starting where `start` says (a start the run's order has no use for
+    /// is the head).
+    pub fn claim(&self, client: &mut Client, limit: i64, start: &Start) -> Result<Vec<Event>> {
+        // The head, for each claim that takes a start: the first id, the
+        // first key ('' sorts before any other text).
+        let (first_id, first_key) = (i64::MIN, String::new());
+        let start: Option<&(dyn ToSql + Sync)> = match (self.order, start) {
+            (Order::Plain, Start::Id(id)) => Some(id),
+            (Order::Plain, _) => Some(&first_id),
+            (Order::ByKey, Start::AfterKey(key)) => Some(key),
+            (Order::ByKey, _) => Some(&first_key),
+            (Order::Strict, _) => None,
+        };
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&self.max_attempts, &limit];
+        params.extend(start);
         let rows = client
-            .query(&self.claim, &[&self.max_attempts, &limit, &from])
+            .query(&self.claim, &params)
             .map_err(|error| classify_on_table(&error, "claiming a batch", &self.table))?;
         rows.iter().map(|row| self.event(row)).collect()
     }
@@ -150,21 +179,33 @@ impl Outbox {
         })
     }
 
-    /// In ordered mode, takes the table's lock for this transaction if it
-    /// is free; plain runs need none and always go ahead.
+    /// Whether this transaction may claim. In --ordered mode it takes the
+    /// table's lock for the transaction if it is free, and goes ahead only
+    /// then; plain runs need no lock and always go ahead.
     ///
     /// A transaction-level advisory lock rather than a session one: it is
     /// released by the same COMMIT or ROLLBACK that releases the row locks,
     /// and by the server if the connection dies, so it can never leak.
-    pub fn try_lock(&self, client: &mut Client) -> Result<bool> {
-        let Some(statement) = &self.try_lock else {
+    ///
+    /// Both ordered modes also read pg_stat_activity here, before the
+    /// claim's snapshot is taken: a transaction reads it once, as of its
+    /// first look, so the claim's HORIZON sees the other databases'
+    /// transactions as they were before its snapshot. One that ended in
+    /// between is then not in the snapshot at all, where seen after the
+    /// snapshot it would not be known as another database's and would
+    /// hold the claim back for nothing.
+    pub fn before_claim(&self, client: &mut Client) -> Result<bool> {
+        let Some(statement) = &self.before_claim else {
             return Ok(true);
         };
-        let row = client
-            .query_one(statement, &[&self.table.quoted()])
-            .map_err(|error| {
-                classify_on_table(&error, "taking the ordered-mode lock", &self.table)
-            })?;
+        let table = self.table.quoted();
+        let params: &[&(dyn ToSql + Sync)] = match self.order {
+            Order::Strict => &[&table],
+            Order::ByKey | Order::Plain => &[],
+        };
+        let row = client.query_one(statement, params).map_err(|error| {
+            classify_on_table(&error, "preparing an ordered claim", &self.table)
+        })?;
         Ok(row.get(0))
     }
 
@@ -234,10 +275,10 @@ fn claim_sql(table: &str, selected: &str) -> String {
 /// the statement's snapshot was taken (the snapshot's xmax when none was).
 /// The snapshot's running xids are the whole server's; those that
 /// pg_stat_activity shows in another database are left out, since they
-/// cannot insert into this table. One that has ended since the snapshot,
-/// or that no session shows (a prepared transaction), counts: the
-/// snapshot did not see what it wrote. Any role may read pg_stat_activity's
-/// xids and databases.
+/// cannot insert into this table. One that pg_stat_activity does not show
+/// (it had not started when the transaction first looked, or it is a
+/// prepared transaction) counts: the snapshot did not see what it wrote.
+/// Any role may read pg_stat_activity's xids and databases.
 pub const HORIZON: &str = "(SELECT coalesce(min(running), pg_snapshot_xmax(pg_current_snapshot())) \
      FROM pg_snapshot_xip(pg_current_snapshot()) AS running \
      WHERE xid(running) NOT IN (SELECT backend_xid FROM pg_stat_activity \
@@ -256,12 +297,11 @@ fn settled() -> String {
 }
 
 /// --ordered, over the first $2 pending rows in (producer_xid, id) order
-/// (read from the two halves of the ordered index, rows without a key and
-/// rows with one, merged): the rows before the first that is still backing
+/// (read from the two order indexes, rows without a key and rows with one,
+/// merged): the rows before the first that is still backing
 /// off or may yet be preceded by a row not committed. Dead rows are not
 /// pending, which is how a poison event stops blocking the table. It waits
-/// for (rather than skips) a row another transaction holds. It takes `from`
-/// like the plain claim, but an ordered run always claims from the head.
+/// for (rather than skips) a row another transaction holds.
 fn ordered_claim_sql(table: &str, selected: &str) -> String {
     let pending = |half: &str| {
         format!(
@@ -270,17 +310,15 @@ fn ordered_claim_sql(table: &str, selected: &str) -> String {
               ORDER BY producer_xid, id LIMIT $2)"
         )
     };
-    // `(ordering_key IS NULL) IS FALSE`, not `IS NOT NULL`: the planner
-    // matches only that spelling to the index's leading boolean.
     let (unkeyed, keyed) = (
         pending("ordering_key IS NULL"),
-        pending("(ordering_key IS NULL) IS FALSE"),
+        pending("ordering_key IS NOT NULL"),
     );
     let settled = settled();
     format!(
         "SELECT {selected} FROM {table} \
          WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now() \
-           AND id >= $3::bigint AND id = ANY (ARRAY( \
+           AND id = ANY (ARRAY( \
              SELECT id FROM ( \
                SELECT id, bool_and(available_at <= now() AND {settled}) \
                         OVER (ORDER BY producer_xid, id) AS clear \
@@ -296,32 +334,45 @@ fn ordered_claim_sql(table: &str, selected: &str) -> String {
 /// needs), claimable when it is due, settled, and not held by another
 /// transaction (a batch in flight, another run), so a batch holds at most
 /// one event of a key, and a key whose first event is backing off or held
-/// yields nothing. Dead events are not pending and block nothing. Then,
-/// for the rest of the batch, events without a key, as a plain claim
-/// takes them. `from` ($3) is taken as by the other claims; a run in this
-/// mode always claims from the head.
+/// yields nothing. Each first event is looked up and locked on its own (a
+/// LATERAL subquery, which the planner cannot turn into a join that reads
+/// the whole table). Dead events are not pending and block nothing. The scan
+/// starts after the key $3 (the last one the drain claimed: the keys right
+/// after it are those its batches in flight do not hold) and then goes on
+/// from the first key up to $3, so it covers every key. Then, for the rest
+/// of the batch, events without a key, as a plain claim takes them.
 fn by_key_claim_sql(table: &str, selected: &str) -> String {
+    let heads = |name: &str, range: &str| {
+        format!(
+            "{name}(head_key, head_id) AS ( \
+                 (SELECT ordering_key, id FROM {table} \
+                  WHERE {range} AND published_at IS NULL AND attempts < $1::int \
+                  ORDER BY ordering_key, producer_xid, id LIMIT 1) \
+               UNION ALL \
+                 SELECT next.ordering_key, next.id FROM {name}, LATERAL ( \
+                   SELECT ordering_key, id FROM {table} \
+                   WHERE {range} AND ordering_key > {name}.head_key \
+                     AND published_at IS NULL AND attempts < $1::int \
+                   ORDER BY ordering_key, producer_xid, id LIMIT 1) AS next)"
+        )
+    };
+    let after = heads("after", "ordering_key > $3::text");
+    let up_to = heads("up_to", "ordering_key <= $3::text");
     let settled = settled();
     format!(
-        "WITH RECURSIVE heads(head_key, head_id) AS ( \
-             (SELECT ordering_key, id FROM {table} \
-              WHERE ordering_key IS NOT NULL AND published_at IS NULL AND attempts < $1::int \
-              ORDER BY ordering_key, producer_xid, id LIMIT 1) \
-           UNION ALL \
-             SELECT next.ordering_key, next.id FROM heads, LATERAL ( \
-               SELECT ordering_key, id FROM {table} \
-               WHERE ordering_key > heads.head_key AND published_at IS NULL \
-                 AND attempts < $1::int \
-               ORDER BY ordering_key, producer_xid, id LIMIT 1) AS next), \
+        "WITH RECURSIVE {after}, {up_to}, \
          keyed AS ( \
-             SELECT {selected} FROM heads JOIN {table} AS o ON id = head_id \
-             WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now() \
-               AND {settled} AND id >= $3::bigint \
-             LIMIT $2 FOR UPDATE OF o SKIP LOCKED), \
+             SELECT claimed.* \
+             FROM (SELECT * FROM after UNION ALL SELECT * FROM up_to) AS heads, LATERAL ( \
+               SELECT {selected} FROM {table} \
+               WHERE id = heads.head_id AND published_at IS NULL AND attempts < $1::int \
+                 AND available_at <= now() AND {settled} \
+               FOR UPDATE SKIP LOCKED) AS claimed \
+             LIMIT $2), \
          unkeyed AS ( \
              SELECT {selected} FROM {table} \
              WHERE ordering_key IS NULL AND published_at IS NULL AND attempts < $1::int \
-               AND available_at <= now() AND id >= $3::bigint \
+               AND available_at <= now() \
              ORDER BY producer_xid, id LIMIT $2 - (SELECT count(*) FROM keyed) \
              FOR UPDATE SKIP LOCKED) \
          SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed"
@@ -347,10 +398,14 @@ fn mark_failed_sql(table: &str) -> String {
     )
 }
 
-/// Keyed by the table's oid, so two tables never share a lock and two
-/// spellings of one table always do.
-const TRY_LOCK_SQL: &str =
-    "SELECT pg_try_advisory_xact_lock(2052318419, $1::text::regclass::oid::int)";
+/// The --ordered lock, keyed by the table's oid, so two tables never share
+/// a lock and two spellings of one table always do; and the first look at
+/// pg_stat_activity (see `Outbox::before_claim`).
+const LOCK_AND_SEE_SESSIONS_SQL: &str = "SELECT pg_try_advisory_xact_lock(2052318419, $1::text::regclass::oid::int), \
+       (SELECT count(*) FROM pg_stat_activity)";
+
+/// --ordered-by-key takes no lock; the first look at pg_stat_activity only.
+pub const SEE_SESSIONS_SQL: &str = "SELECT true, (SELECT count(*) FROM pg_stat_activity)";
 
 #[cfg(test)]
 mod tests {
