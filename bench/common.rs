@@ -481,6 +481,40 @@ impl Fixture {
         }
         (started.elapsed().as_secs_f64(), published, peak, ok)
     }
+
+    /// Runs the binary at `bin` with `args` (which end with --json)
+    /// `processes` times at once over the `count` events the table holds,
+    /// and verifies that every event arrived and every row is marked.
+    pub fn measure(
+        &mut self,
+        bin: &str,
+        name: String,
+        count: i64,
+        processes: i64,
+        args: &[&str],
+    ) -> Figure {
+        let (seconds, published, rss, ok) = self.run_binary_of(bin, processes, args, true);
+        let (mut verified, mut failed) = self.verify(count, true, true);
+        if !ok {
+            verified.push_str(", NONZERO EXIT");
+            failed = true;
+        }
+        check(failed, &verified);
+        let figure = Figure {
+            name,
+            events: published,
+            seconds,
+            rss_kb: rss,
+            verified,
+        };
+        eprintln!(
+            "bench: {}: {:.0}/s, {:?} KiB",
+            figure.name,
+            figure.rate(),
+            rss
+        );
+        figure
+    }
 }
 
 impl Drop for Fixture {

@@ -21,7 +21,7 @@ use outbox_poll::sql::migrations::{self, MIGRATIONS};
 use outbox_poll::sql::table::TableName;
 use postgres::{Client, NoTls};
 
-use crate::common::{Figure, Fixture, check};
+use crate::common::{Figure, Fixture};
 
 /// Drains `count` events (with `keys` ordering keys, if any) with `args`
 /// added to `--drain --json`, by the binary at `bin`, and verifies that
@@ -37,22 +37,7 @@ fn drain(
     fx.fill_keyed(count, 200, keys);
     let mut all = vec!["--drain", "--json"];
     all.extend_from_slice(args);
-    let (seconds, published, rss, ok) = fx.run_binary_of(bin, 1, &all, true);
-    let (mut verified, mut failed) = fx.verify(count, true, true);
-    if !ok {
-        verified.push_str(", NONZERO EXIT");
-        failed = true;
-    }
-    check(failed, &verified);
-    let figure = Figure {
-        name,
-        events: published,
-        seconds,
-        rss_kb: rss,
-        verified,
-    };
-    eprintln!("bench: {}: {:.0}/s", figure.name, figure.rate());
-    figure
+    fx.measure(bin, name, count, 1, &all)
 }
 
 /// `--ordered --drain --batch-size 100`: this build and BENCH_BEFORE_BIN,

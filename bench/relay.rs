@@ -264,27 +264,7 @@ fn drain(
     eprintln!("bench: {count} events, payload mean {mean:.0} bytes");
     let batch_text = batch.to_string();
     let args = ["--drain", "--batch-size", batch_text.as_str(), "--json"];
-    let (seconds, published, rss, ok) = fx.run_binary(processes, &args, true);
-    let (mut verified, mut failed) = fx.verify(count, true, true);
-    if !ok {
-        verified.push_str(", NONZERO EXIT");
-        failed = true;
-    }
-    check(failed, &verified);
-    let figure = Figure {
-        name,
-        events: published,
-        seconds,
-        rss_kb: rss,
-        verified,
-    };
-    eprintln!(
-        "bench: {}: {:.0}/s, {:?} KiB",
-        figure.name,
-        figure.rate(),
-        rss
-    );
-    figure
+    fx.measure(&common::binary(), name, count, processes, &args)
 }
 
 fn main() {

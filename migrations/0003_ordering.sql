@@ -24,6 +24,7 @@ DO $$
 DECLARE
     target regclass := coalesce(nullif(current_setting('outbox_poll.table', true), ''),
                                 'outbox')::regclass;
+    optional record;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = target
                    AND attname = 'producer_xid' AND NOT attisdropped) THEN
@@ -32,18 +33,13 @@ BEGIN
         EXECUTE format('ALTER TABLE %s ALTER COLUMN producer_xid SET DEFAULT pg_current_xact_id()',
                        target);
     END IF;
-    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = target
-                   AND attname = 'headers' AND NOT attisdropped) THEN
-        EXECUTE format('ALTER TABLE %s ADD COLUMN headers jsonb', target);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = target
-                   AND attname = 'routing_key' AND NOT attisdropped) THEN
-        EXECUTE format('ALTER TABLE %s ADD COLUMN routing_key text', target);
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = target
-                   AND attname = 'ordering_key' AND NOT attisdropped) THEN
-        EXECUTE format('ALTER TABLE %s ADD COLUMN ordering_key text', target);
-    END IF;
+    FOR optional IN SELECT * FROM (VALUES ('headers', 'jsonb'), ('routing_key', 'text'),
+                                          ('ordering_key', 'text')) AS c(name, type) LOOP
+        IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = target
+                       AND attname = optional.name AND NOT attisdropped) THEN
+            EXECUTE format('ALTER TABLE %s ADD COLUMN %I %s', target, optional.name, optional.type);
+        END IF;
+    END LOOP;
 END
 $$;
 

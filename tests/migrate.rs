@@ -90,14 +90,18 @@ fn event_id_is_unique() {
     assert!(fx.db.execute(&sql, &[]).is_err());
 }
 
+/// The reference article's table, of seven columns.
+const REFERENCE_TABLE: &str = "CREATE TABLE {table} (id bigserial PRIMARY KEY, \
+     event_id text NOT NULL UNIQUE, event_type text NOT NULL, payload jsonb NOT NULL, \
+     created_at timestamptz NOT NULL DEFAULT now(), published_at timestamptz, \
+     attempts integer NOT NULL DEFAULT 0);";
+
 #[test]
 fn migrate_upgrades_a_reference_table_in_place_keeping_its_rows() {
     let mut fx = Fixture::bare("migrate_upgrade");
+    fx.execute(REFERENCE_TABLE);
     fx.execute(
-        "CREATE TABLE {table} (id bigserial PRIMARY KEY, event_id text NOT NULL UNIQUE, \
-         event_type text NOT NULL, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
-         published_at timestamptz, attempts integer NOT NULL DEFAULT 0); \
-         INSERT INTO {table} (event_id, event_type, payload, published_at, attempts) VALUES \
+        "INSERT INTO {table} (event_id, event_type, payload, published_at, attempts) VALUES \
            ('old-1', 'a', '{\"k\": 1}', now(), 0), ('old-2', 'a', '{\"k\": 2}', NULL, 3);",
     );
     let oid_before = table_oid(&mut fx);
@@ -127,12 +131,8 @@ fn migrate_upgrades_a_reference_table_in_place_keeping_its_rows() {
 #[test]
 fn migrate_adds_producer_xid_without_rewriting_the_table_and_old_rows_sort_first() {
     let mut fx = Fixture::bare("migrate_producer_xid");
-    fx.execute(
-        "CREATE TABLE {table} (id bigserial PRIMARY KEY, event_id text NOT NULL UNIQUE, \
-         event_type text NOT NULL, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
-         published_at timestamptz, attempts integer NOT NULL DEFAULT 0); \
-         INSERT INTO {table} (event_id, event_type, payload) VALUES ('old', 'a', '{}');",
-    );
+    fx.execute(REFERENCE_TABLE);
+    fx.insert_event("old", "a", "{}");
     let filenode = |fx: &mut Fixture| -> u32 {
         let sql = format!("SELECT pg_relation_filenode('{}')", fx.quoted_table());
         fx.db.query_one(&sql, &[]).unwrap().get(0)
