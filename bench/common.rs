@@ -38,6 +38,7 @@ pub fn env_list(name: &str, default: &str) -> Vec<i64> {
         .collect()
 }
 
+#[derive(Clone)]
 pub struct Settings {
     pub database_url: String,
     pub amqp_url: String,
@@ -52,6 +53,9 @@ pub struct Settings {
     /// written, which no vacuum has visited: the relay's first reads of
     /// each row then set its hint bits, which a vacuumed table has already.
     pub fill_vacuum: bool,
+    pub ordered_events: i64,
+    pub few_keys_events: i64,
+    pub insert_rows: i64,
     pub only: Option<Vec<String>>,
 }
 
@@ -70,6 +74,9 @@ impl Settings {
             scaling: env_list("BENCH_SCALING", "1,2,4"),
             scaling_batch: env_or("BENCH_SCALING_BATCH", "1000").parse().unwrap(),
             fill_vacuum: env_or("BENCH_FILL", "analyze") == "vacuum",
+            ordered_events: env_or("BENCH_ORDERED_EVENTS", "20000").parse().unwrap(),
+            few_keys_events: env_or("BENCH_FEW_KEYS_EVENTS", "20000").parse().unwrap(),
+            insert_rows: env_or("BENCH_INSERT_ROWS", "20000").parse().unwrap(),
             only: std::env::var("BENCH_ONLY")
                 .ok()
                 .map(|s| s.split(',').map(|p| p.trim().to_string()).collect()),
@@ -93,6 +100,10 @@ impl Settings {
 /// The bench's own schema, exchange and queue; removed on drop.
 pub struct Fixture {
     pub name: String,
+    /// Where `own_database` was created from, to drop it.
+    admin_url: String,
+    /// The database this fixture created (see `in_own_database`).
+    own_database: Option<String>,
     pub db: Client,
     pub runtime: Runtime,
     pub connection: Connection,
@@ -209,7 +220,40 @@ impl Results {
 
 impl Fixture {
     pub fn new(settings: Settings) -> Fixture {
-        let name = format!("bench_{}", std::process::id());
+        let admin_url = settings.database_url.clone();
+        Fixture::named(
+            format!("bench_{}", std::process::id()),
+            settings,
+            admin_url,
+            None,
+        )
+    }
+
+    /// A fixture in a database of its own, `bench_<pid>_<suffix>`, created
+    /// on the server of BENCH_DATABASE_URL and dropped with the fixture.
+    /// The ordered modes wait for every transaction of their database that
+    /// could still insert an event sorting first: in a database of their
+    /// own, no one else's transactions (tests, other benches) hold them.
+    pub fn in_own_database(mut settings: Settings, suffix: &str) -> Fixture {
+        let name = format!("bench_{}_{suffix}", std::process::id());
+        let admin_url = settings.database_url.clone();
+        let mut admin = Client::connect(&admin_url, NoTls).expect("connecting to PostgreSQL");
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE template0"))
+            .unwrap();
+        settings.database_url = url_in_database(&admin_url, &name);
+        Fixture::named(name.clone(), settings, admin_url, Some(name))
+    }
+
+    fn named(
+        name: String,
+        settings: Settings,
+        admin_url: String,
+        own_database: Option<String>,
+    ) -> Fixture {
         let mut db =
             Client::connect(&settings.database_url, NoTls).expect("connecting to PostgreSQL");
         db.batch_execute(&format!(
@@ -264,6 +308,8 @@ impl Fixture {
         });
         let fixture = Fixture {
             name,
+            admin_url,
+            own_database,
             db,
             runtime,
             connection,
@@ -291,16 +337,18 @@ impl Fixture {
     /// With `rss`, the binary runs under GNU time, which writes its peak
     /// RSS (KiB) to that file.
     pub fn command_measured(&self, rss: Option<&std::path::Path>) -> Command {
+        self.command_of(&binary(), rss)
+    }
+
+    /// `command_measured` for the binary at `bin`.
+    pub fn command_of(&self, bin: &str, rss: Option<&std::path::Path>) -> Command {
         let mut command = match rss {
             Some(file) => {
                 let mut command = Command::new(GNU_TIME);
-                command
-                    .args(["-f", "%M", "-q", "-o"])
-                    .arg(file)
-                    .arg(binary());
+                command.args(["-f", "%M", "-q", "-o"]).arg(file).arg(bin);
                 command
             }
-            None => Command::new(binary()),
+            None => Command::new(bin),
         };
         for (name, _) in std::env::vars() {
             if name.starts_with("PG")
@@ -323,12 +371,20 @@ impl Fixture {
     /// An empty table and queue, then `count` events of about `bytes` bytes
     /// of JSON each (as PostgreSQL prints them). Returns the mean size.
     pub fn fill(&mut self, count: i64, bytes: i64) -> f64 {
+        self.fill_keyed(count, bytes, None)
+    }
+
+    /// `fill`, and with `keys` each event gets ordering_key `key-<n % keys>`:
+    /// the keys interleaved, as many events each.
+    /// Like `fill`, the events spread over `keys` ordering keys (with
+    /// `Some`), interleaved.
+    pub fn fill_keyed(&mut self, count: i64, bytes: i64, keys: Option<i64>) -> f64 {
         self.purge();
         let table = self.table();
         self.db
             .batch_execute(&format!("TRUNCATE {table} RESTART IDENTITY"))
             .unwrap();
-        self.insert_events("ev", count, bytes, "now()", false);
+        self.insert_events("ev", count, bytes, "now()", false, keys);
         let analyze = match self.settings.fill_vacuum {
             true => "VACUUM ANALYZE",
             false => "ANALYZE",
@@ -357,17 +413,23 @@ impl Fixture {
         bytes: i64,
         created: &str,
         published: bool,
+        keys: Option<i64>,
     ) {
         // The rest of the object prints as 84 to 98 bytes: the mean payload
         // is about 13 bytes under `bytes` (200: 187, 1024: 1011).
         let note = (bytes - 110).max(0) as i32;
+        // With `keys`, ordering keys key-0 .. key-(keys - 1), interleaved.
+        let (key_column, key_value) = match keys {
+            Some(keys) => (", ordering_key", format!(", 'key-' || g % {keys}")),
+            None => ("", String::new()),
+        };
         let sql = format!(
-            "INSERT INTO {} (event_id, event_type, payload, created_at, published_at) \
+            "INSERT INTO {} (event_id, event_type, payload, created_at, published_at{key_column}) \
              SELECT $3 || '-' || g, 'order.created', jsonb_build_object( \
                'order_id', g, 'customer', 'cust-' || (g % 977), \
                'amount_cents', (g * 7919) % 100000, 'currency', 'EUR', \
                'note', repeat('x', $2::int)), \
-               created, CASE WHEN $4 THEN created + interval '1 minute' END \
+               created, CASE WHEN $4 THEN created + interval '1 minute' END{key_value} \
              FROM (SELECT g, {created} AS created FROM generate_series(1, $1::bigint) g) s",
             self.table()
         );
@@ -509,6 +571,17 @@ impl Fixture {
         args: &[&str],
         rss: bool,
     ) -> (f64, u64, Option<u64>, bool) {
+        self.run_binary_of(&binary(), processes, args, rss)
+    }
+
+    /// `run_binary` for the binary at `bin`.
+    pub fn run_binary_of(
+        &self,
+        bin: &str,
+        processes: i64,
+        args: &[&str],
+        rss: bool,
+    ) -> (f64, u64, Option<u64>, bool) {
         let rss = rss && std::path::Path::new(GNU_TIME).exists();
         let files: Vec<_> = (0..processes)
             .map(|i| std::env::temp_dir().join(format!("{}_{i}.rss", self.name)))
@@ -517,7 +590,7 @@ impl Fixture {
         let children: Vec<_> = files
             .iter()
             .map(|file| {
-                self.command_measured(rss.then_some(file.as_path()))
+                self.command_of(bin, rss.then_some(file.as_path()))
                     .args(args)
                     .spawn()
                     .expect("spawning outbox-poll")
@@ -553,13 +626,53 @@ impl Fixture {
         }
         (started.elapsed().as_secs_f64(), published, peak, ok)
     }
+
+    /// Runs the binary at `bin` with `args` (which end with --json)
+    /// `processes` times at once over the `count` events the table holds,
+    /// and verifies that every event arrived and every row is marked.
+    pub fn measure(
+        &mut self,
+        bin: &str,
+        name: String,
+        count: i64,
+        processes: i64,
+        args: &[&str],
+    ) -> Figure {
+        let (seconds, published, rss, ok) = self.run_binary_of(bin, processes, args, true);
+        let (mut verified, mut failed) = self.verify(count, true, true);
+        if !ok {
+            verified.push_str(", NONZERO EXIT");
+            failed = true;
+        }
+        check(failed, &verified);
+        let figure = Figure {
+            name,
+            events: published,
+            seconds,
+            rss_kb: rss,
+            verified,
+            load: load_average(),
+        };
+        eprintln!(
+            "bench: {}: {:.0}/s, {:?} KiB",
+            figure.name,
+            figure.rate(),
+            rss
+        );
+        figure
+    }
 }
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        let _ = self
-            .db
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
+        let _ = match &self.own_database {
+            Some(database) => Client::connect(&self.admin_url, NoTls).and_then(|mut admin| {
+                admin.batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+            }),
+            None => self
+                .db
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name)),
+        };
         self.runtime.block_on(async {
             let _ = self
                 .channel
@@ -572,6 +685,22 @@ impl Drop for Fixture {
             let _ = self.connection.close(200, "bye".into()).await;
         });
     }
+}
+
+/// `url` (a PostgreSQL URL) naming database `dbname` instead.
+fn url_in_database(url: &str, dbname: &str) -> String {
+    let config: postgres::Config = url.parse().expect("BENCH_DATABASE_URL");
+    let user = config.get_user().unwrap_or("postgres");
+    let password = match config.get_password() {
+        Some(password) => format!(":{}", String::from_utf8_lossy(password)),
+        None => String::new(),
+    };
+    let host = match &config.get_hosts()[0] {
+        postgres::config::Host::Tcp(host) => host.clone(),
+        other => panic!("the bench needs a TCP database host, not {other:?}"),
+    };
+    let port = config.get_ports()[0];
+    format!("postgresql://{user}{password}@{host}:{port}/{dbname}")
 }
 
 pub static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -24,14 +24,19 @@
 //! BENCH_SCALING_BATCH (1000), BENCH_FILL (analyze, or vacuum: see
 //! common::Settings), BENCH_LATENCY_RATES (100,1000),
 //! BENCH_LATENCY_SECONDS (30), BENCH_IDLE_SECONDS (60),
-//! BENCH_TRIGGER_SECONDS (5), the settings of bench/scale.rs, and
-//! BENCH_ONLY (a comma-separated subset of: limits,shapes,drain,delete,
-//! naive,scaling,memory,large,empty,latency,trigger,size,partitions;
-//! without it, all but size and partitions, which fill millions of rows).
+//! BENCH_TRIGGER_SECONDS (5), BENCH_BEFORE_BIN (a build the `ordered`
+//! section compares this one with), BENCH_ORDERED_EVENTS (20000),
+//! BENCH_FEW_KEYS_EVENTS (20000: the 10-key by_key run), BENCH_INSERT_ROWS
+//! (20000), the settings of bench/scale.rs, and BENCH_ONLY (a
+//! comma-separated subset of: limits,shapes,drain,delete,naive,scaling,
+//! memory,large,empty,latency,trigger,ordered,by_key,inserts,size,
+//! partitions; without it, all but size and partitions, which fill
+//! millions of rows). The ordered modes' sections are in bench/ordering.rs.
 
 mod common;
 mod latency;
 mod memory;
+mod ordering;
 mod scale;
 
 use std::collections::VecDeque;
@@ -41,11 +46,11 @@ use common::{FAILED, Figure, Fixture, Results, Settings, check, load_average};
 use futures_util::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{Channel, Confirmation};
-use outbox_poll::broker::message::{properties, short_strings};
+use outbox_poll::broker::message::{Outgoing, outgoing};
 use outbox_poll::cli::{DEFAULT_MAX_ATTEMPTS, OnPublish};
 use outbox_poll::config::in_flight;
 use outbox_poll::relay::session::generic_plans;
-use outbox_poll::sql::outbox::{Event, Outbox};
+use outbox_poll::sql::outbox::{Event, Order, Outbox, Start};
 use outbox_poll::sql::table::TableName;
 use postgres::{Client, NoTls};
 
@@ -66,8 +71,14 @@ fn relay_session(fx: &Fixture) -> Client {
 /// ships.
 fn relay_statements(fx: &Fixture, client: &mut Client) -> Outbox {
     let table = TableName::parse(&fx.table()).expect("the bench's table name");
-    Outbox::prepare(client, &table, DEFAULT_MAX_ATTEMPTS, false, OnPublish::Mark)
-        .expect("preparing the relay's statements")
+    Outbox::prepare(
+        client,
+        &table,
+        DEFAULT_MAX_ATTEMPTS,
+        Order::Plain,
+        OnPublish::Mark,
+    )
+    .expect("preparing the relay's statements")
 }
 
 /// Claims up to `limit` events as the relay does, in the transaction open
@@ -75,19 +86,22 @@ fn relay_statements(fx: &Fixture, client: &mut Client) -> Outbox {
 /// the default --batch-bytes, so the relay's claim returns the same rows.
 fn claim(client: &mut Client, outbox: &mut Outbox, limit: i64) -> Vec<Event> {
     outbox
-        .claim(client, limit, None, i64::MAX)
+        .claim(client, limit, &Start::Head, i64::MAX)
         .expect("claiming")
 }
 
 /// A publish of `event` as the relay makes it: routing key, properties
-/// and body from `broker::message`, `mandatory` set.
+/// and body from `broker::message`, `mandatory` set. The bench's events
+/// have no headers, so no frame size can refuse them.
 fn publish<'c>(
     channel: &'c Channel,
     exchange: &str,
     event: &'c Event,
 ) -> impl Future<Output = lapin::Result<lapin::PublisherConfirm>> + 'c {
-    let (routing_key, message_id) = short_strings(event).expect("short event names");
-    let properties = properties(event, routing_key.clone(), message_id);
+    let Outgoing {
+        routing_key,
+        properties,
+    } = outgoing(event, u32::MAX).expect("a sendable event");
     channel.basic_publish(
         exchange.into(),
         routing_key,
@@ -321,30 +335,17 @@ fn drain_filled(
         on_publish_text,
         "--json",
     ];
-    let (seconds, published, rss, ok) = fx.run_binary(processes, &args, true);
-    let (mut verified, mut failed) = fx.verify(count, true, true);
+    let mut figure = fx.measure(&common::binary(), name, count, processes, &args);
     if on_publish == OnPublish::Delete {
         match fx.remaining() {
-            0 => verified = verified.replace("all marked", "all deleted"),
+            0 => figure.verified = figure.verified.replace("all marked", "all deleted"),
             left => {
-                verified.push_str(&format!(", {left} ROWS LEFT"));
-                failed = true;
+                figure.verified.push_str(&format!(", {left} ROWS LEFT"));
+                check(true, &figure.verified);
             }
         }
     }
-    if !ok {
-        verified.push_str(", NONZERO EXIT");
-        failed = true;
-    }
-    check(failed, &verified);
-    Figure {
-        name,
-        events: published,
-        seconds,
-        rss_kb: rss,
-        verified,
-        load: load_average(),
-    }
+    figure
 }
 
 /// The two limits every other figure is compared with: the broker alone
@@ -413,6 +414,26 @@ fn memory(fx: &mut Fixture, results: &mut Results) {
     results.section_done("memory");
 }
 
+/// The ordered modes, in a database of their own (see
+/// `Fixture::in_own_database`).
+fn ordered_modes(fx: &Fixture, results: &mut Results) {
+    let mut own = Fixture::in_own_database(fx.settings.clone(), "ordering");
+    for (section, run) in [
+        (
+            "ordered",
+            ordering::ordered as fn(&mut Fixture) -> (Vec<Figure>, Vec<String>),
+        ),
+        ("by_key", ordering::by_key),
+    ] {
+        if own.settings.wants(section) {
+            let (figures, notes) = run(&mut own);
+            figures.into_iter().for_each(|figure| results.push(figure));
+            notes.into_iter().for_each(|note| results.note(note));
+        }
+    }
+    results.section_done("ordered modes");
+}
+
 /// Runs of the binary against an empty table: start, connect, claim
 /// nothing, exit.
 fn empty(fx: &mut Fixture, results: &mut Results) {
@@ -465,6 +486,14 @@ fn main() {
     }
     if wants(&fx, "memory") {
         memory(&mut fx, &mut results);
+    }
+    if wants(&fx, "ordered") || wants(&fx, "by_key") {
+        ordered_modes(&fx, &mut results);
+    }
+    if wants(&fx, "inserts") {
+        for note in ordering::inserts(&mut fx) {
+            results.note(note);
+        }
     }
     if wants(&fx, "large") {
         results.push(memory::large_payloads(&mut fx));

@@ -98,7 +98,7 @@ fn replace_pending(fx: &mut Fixture, pending: i64) {
     fx.purge();
     let sql = format!("DELETE FROM {} WHERE event_id LIKE 'ev-%'", fx.table());
     fx.db.batch_execute(&sql).unwrap();
-    fx.insert_events("ev", pending, 200, "now()", false);
+    fx.insert_events("ev", pending, 200, "now()", false, None);
 }
 
 /// An empty table, `published` events published 30 days ago and
@@ -109,11 +109,11 @@ fn fill_sized(fx: &mut Fixture, published: i64, pending: i64) {
     let truncate = format!("TRUNCATE {table} RESTART IDENTITY");
     fx.db.batch_execute(&truncate).unwrap();
     let created = "now() - interval '30 days'";
-    fx.insert_events("old", published, 200, created, true);
+    fx.insert_events("old", published, 200, created, true, None);
     fx.db
         .batch_execute(&format!("VACUUM ANALYZE {table}"))
         .unwrap();
-    fx.insert_events("ev", pending, 200, "now()", false);
+    fx.insert_events("ev", pending, 200, "now()", false, None);
 }
 
 fn mib(bytes: i64) -> f64 {
@@ -289,7 +289,7 @@ fn measure_table(
     let truncate = format!("TRUNCATE {} RESTART IDENTITY", fx.table());
     fx.db.batch_execute(&truncate).unwrap();
     let spread = (days - 1).max(1);
-    fx.insert_events("old", 100_000, 200, &spread_over(first, spread), true);
+    fx.insert_events("old", 100_000, 200, &spread_over(first, spread), true, None);
     let analyze = format!("VACUUM ANALYZE {}", fx.table());
     fx.db.batch_execute(&analyze).unwrap();
     replace_pending(fx, 100 * scale.polls as i64);
@@ -340,7 +340,7 @@ fn partitions(fx: &mut Fixture, results: &mut Results, scale: &Scale) {
 /// pruned with --older-than 7d: whole partitions dropped.
 fn prune_partitions(fx: &mut Fixture, results: &mut Results, rows: i64) {
     partitioned_table(fx, -37, 32);
-    fx.insert_events("old", rows, 200, &spread_over(-37, 30), true);
+    fx.insert_events("old", rows, 200, &spread_over(-37, 30), true, None);
     let analyze = format!("VACUUM ANALYZE {}", fx.table());
     fx.db.batch_execute(&analyze).unwrap();
     let size_before = fx.table_size();

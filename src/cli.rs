@@ -185,7 +185,7 @@ pub struct PollArgs {
     )]
     pub amqp_url: String,
 
-    /// Exchange to publish to; the routing key is the event type.
+    /// Exchange to publish to; the routing key is the event type (or the routing_key column).
     #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox")]
     pub exchange: String,
 
@@ -224,10 +224,16 @@ pub struct PollArgs {
     #[arg(long, env = "OUTBOX_MAX_DURATION", value_parser = duration_up_to(MAX_RUN))]
     pub max_duration: Option<Duration>,
 
-    /// One publisher per table, strict id order, stop a batch at its first failure.
+    /// One publisher per table, strict order, stop a batch at its first failure.
     #[arg(long, env = "OUTBOX_ORDERED", action = ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     pub ordered: bool,
+
+    /// Order per ordering_key: one event of a key at a time, keys in parallel.
+    #[arg(long, env = "OUTBOX_ORDERED_BY_KEY", action = ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new(),
+          conflicts_with = "ordered")]
+    pub ordered_by_key: bool,
 
     /// What becomes of a confirmed event: marked published, or deleted.
     #[arg(long, env = "OUTBOX_ON_PUBLISH", value_enum, default_value_t = OnPublish::Mark)]

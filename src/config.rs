@@ -13,6 +13,7 @@ use crate::connect::amqp_url::amqp_uri;
 use crate::connect::database::STATEMENT_TIMEOUT;
 use crate::connect::libpq::{Env, database_config};
 use crate::exit;
+use crate::sql::outbox::Order;
 use crate::sql::table::TableName;
 
 /// AMQP short strings (exchange names among them) hold at most 255 bytes.
@@ -50,7 +51,9 @@ pub struct Relay {
     pub in_flight: usize,
     pub max_batches: Option<u64>,
     pub max_duration: Option<Duration>,
+    /// --ordered; never set together with `ordered_by_key` (clap refuses it).
     pub ordered: bool,
+    pub ordered_by_key: bool,
     pub on_publish: OnPublish,
     pub dry_run: bool,
     pub metrics_file: Option<PathBuf>,
@@ -107,10 +110,20 @@ impl Relay {
             max_batches: args.max_batches,
             max_duration: args.max_duration,
             ordered: args.ordered,
+            ordered_by_key: args.ordered_by_key,
             on_publish: args.on_publish,
             dry_run: args.dry_run,
             metrics_file: args.metrics_file.clone(),
         })
+    }
+
+    /// How the run claims its events.
+    pub fn order(&self) -> Order {
+        match (self.ordered, self.ordered_by_key) {
+            (true, _) => Order::Strict,
+            (false, true) => Order::ByKey,
+            (false, false) => Order::Plain,
+        }
     }
 
     /// While a batch waits for the broker its transaction is idle; the
@@ -146,6 +159,9 @@ fn batch_idle_limit_of(connect: Duration, confirm: Duration, in_flight: usize) -
 /// that the broker works on one while PostgreSQL marks and commits the
 /// other. A single run has nothing to overlap, and --ordered may not: a
 /// batch would be sent before the failures of the one before it were known.
+/// --ordered-by-key may: a batch holds at most one event of a key, and the
+/// next batch's claim sees it unpublished, so it takes no later event of
+/// that key until the batch holding it has settled.
 pub fn in_flight(batch_size: u32, drain: bool, ordered: bool) -> usize {
     if !drain || ordered {
         return 1;

@@ -588,7 +588,9 @@ fn sigterm_during_a_drain_finishes_the_batch_starts_no_other_and_exits_143() {
 
 #[test]
 fn sigterm_during_an_ordered_drain_claims_no_next_batch_even_one_a_held_row_would_block() {
-    let mut fx = Fixture::new("sigterm_ordered");
+    // In a database of its own: the ordered modes wait for every writing
+    // transaction of their database, and other tests hold some.
+    let mut fx = Fixture::isolated("sigterm_ordered");
     fx.insert("e", 200);
     // The ordered claim waits for a locked row rather than skip it: a
     // claim of the second batch would wait on e-150, then fail.

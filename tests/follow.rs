@@ -20,7 +20,11 @@ use crate::common::{
 
 /// A table whose inserts wake followers (`migrate --notify`).
 fn notifying(test: &str) -> Fixture {
-    let fx = Fixture::bare(test);
+    with_notify(Fixture::bare(test))
+}
+
+/// `fx`'s table, migrated with `--notify`.
+fn with_notify(fx: Fixture) -> Fixture {
     let run = fx.run(&["migrate", "--notify"]);
     assert_eq!((run.code, run.stderr.as_str()), (0, ""));
     fx
@@ -387,9 +391,11 @@ fn two_followers_deliver_each_event_exactly_once() {
 
 #[test]
 fn an_ordered_follow_waits_while_another_run_holds_the_lock_then_publishes_in_order() {
-    let mut fx = notifying("follow_ordered");
+    // In a database of its own: the ordered modes wait for every writing
+    // transaction of their database, and other tests hold some.
+    let mut fx = with_notify(Fixture::bare_isolated("follow_ordered"));
     // Another ordered run, mid-batch, as far as outbox-poll can tell.
-    let mut other = connect_db();
+    let mut other = fx.connect();
     let mut lock = other.transaction().unwrap();
     let sql = "SELECT pg_try_advisory_xact_lock(2052318419, $1::text::regclass::oid::int)";
     let taken: bool = lock.query_one(sql, &[&fx.quoted_table()]).unwrap().get(0);

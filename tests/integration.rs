@@ -5,6 +5,9 @@
 
 mod common;
 
+mod by_key;
+mod columns;
+mod commit_order;
 mod delivery;
 mod environment;
 mod errors;

@@ -38,6 +38,10 @@ fn contract_columns() -> Vec<(String, String, bool)> {
         column("attempts", "integer", false),
         column("last_error", "text", true),
         column("available_at", "timestamp with time zone", false),
+        column("producer_xid", "xid8", false),
+        column("headers", "jsonb", true),
+        column("routing_key", "text", true),
+        column("ordering_key", "text", true),
     ]
 }
 
@@ -86,14 +90,18 @@ fn event_id_is_unique() {
     assert!(fx.db.execute(&sql, &[]).is_err());
 }
 
+/// The reference article's table, of seven columns.
+const REFERENCE_TABLE: &str = "CREATE TABLE {table} (id bigserial PRIMARY KEY, \
+     event_id text NOT NULL UNIQUE, event_type text NOT NULL, payload jsonb NOT NULL, \
+     created_at timestamptz NOT NULL DEFAULT now(), published_at timestamptz, \
+     attempts integer NOT NULL DEFAULT 0);";
+
 #[test]
 fn migrate_upgrades_a_reference_table_in_place_keeping_its_rows() {
     let mut fx = Fixture::bare("migrate_upgrade");
+    fx.execute(REFERENCE_TABLE);
     fx.execute(
-        "CREATE TABLE {table} (id bigserial PRIMARY KEY, event_id text NOT NULL UNIQUE, \
-         event_type text NOT NULL, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
-         published_at timestamptz, attempts integer NOT NULL DEFAULT 0); \
-         INSERT INTO {table} (event_id, event_type, payload, published_at, attempts) VALUES \
+        "INSERT INTO {table} (event_id, event_type, payload, published_at, attempts) VALUES \
            ('old-1', 'a', '{\"k\": 1}', now(), 0), ('old-2', 'a', '{\"k\": 2}', NULL, 3);",
     );
     let oid_before = table_oid(&mut fx);
@@ -118,6 +126,36 @@ fn migrate_upgrades_a_reference_table_in_place_keeping_its_rows() {
     // And the upgraded table relays its pending event.
     let run = fx.run(&["--json"]);
     assert_eq!((run.code, run.field("published")), (0, 1), "{}", run.stderr);
+}
+
+#[test]
+fn migrate_adds_producer_xid_without_rewriting_the_table_and_old_rows_sort_first() {
+    let mut fx = Fixture::bare("migrate_producer_xid");
+    fx.execute(REFERENCE_TABLE);
+    fx.insert_event("old", "a", "{}");
+    let filenode = |fx: &mut Fixture| -> u32 {
+        let sql = format!("SELECT pg_relation_filenode('{}')", fx.quoted_table());
+        fx.db.query_one(&sql, &[]).unwrap().get(0)
+    };
+    let before = filenode(&mut fx);
+    assert_eq!(fx.run(&["migrate"]).code, 0);
+    assert_eq!(filenode(&mut fx), before, "no rewrite of the table");
+
+    fx.insert_event("new", "a", "{}");
+    let sql = format!(
+        "SELECT event_id, producer_xid::text FROM {} ORDER BY producer_xid, id",
+        fx.quoted_table()
+    );
+    let rows: Vec<(String, String)> = fx
+        .db
+        .query(&sql, &[])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(rows[0], ("old".to_string(), "0".to_string()), "the oldest");
+    assert_eq!(rows[1].0, "new");
+    assert_ne!(rows[1].1, "0", "new rows record their transaction");
 }
 
 #[test]

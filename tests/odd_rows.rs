@@ -57,7 +57,9 @@ fn infinite_or_pre_1970_created_at_is_published_without_a_timestamp() {
 
 #[test]
 fn an_ordered_run_publishes_them_too() {
-    let mut fx = Fixture::new("odd_created_at_ordered");
+    // In a database of its own: the ordered modes wait for every writing
+    // transaction of their database, and other tests hold some.
+    let mut fx = Fixture::isolated("odd_created_at_ordered");
     odd_timestamps(&mut fx);
     let run = fx.run(&["--ordered", "--json"]);
     assert_eq!((run.code, run.field("published")), (0, 5), "{}", run.stderr);

@@ -8,7 +8,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use crate::common::proxy::Proxy;
-use crate::common::{Fixture, Row, amqp_addr, amqp_url_via, connect_db, row};
+use crate::common::{Fixture, Row, amqp_addr, amqp_url_via, row};
 
 fn ids(fx: &Fixture) -> Vec<String> {
     fx.messages().into_iter().map(|m| m.message_id).collect()
@@ -20,7 +20,7 @@ fn untouched(row: &Row) -> bool {
 
 #[test]
 fn ordered_run_that_finds_the_lock_taken_exits_0_at_once() {
-    let mut fx = Fixture::new("ordered_lock");
+    let mut fx = Fixture::isolated("ordered_lock");
     fx.insert("e", 5);
     let broker = Proxy::start(amqp_addr());
     let env = [("AMQP_URL", amqp_url_via(broker.port()))];
@@ -28,7 +28,7 @@ fn ordered_run_that_finds_the_lock_taken_exits_0_at_once() {
 
     // Another run, as far as outbox-poll can tell: the same lock, held by a
     // transaction that stays open for the rest of the test.
-    let mut other = connect_db();
+    let mut other = fx.connect();
     let mut tx = other.transaction().unwrap();
     let sql = format!(
         "SELECT pg_try_advisory_xact_lock(2052318419, '{}'::regclass::oid::int)",
@@ -53,7 +53,7 @@ fn ordered_run_that_finds_the_lock_taken_exits_0_at_once() {
 
 #[test]
 fn ordered_run_publishes_in_strict_id_order() {
-    let mut fx = Fixture::new("ordered_order");
+    let mut fx = Fixture::isolated("ordered_order");
     // Names that sort otherwise than the ids, so only id order passes.
     let names: Vec<String> = (0..30).map(|n| format!("evt-{}", (n * 7) % 30)).collect();
     for name in &names {
@@ -67,7 +67,7 @@ fn ordered_run_publishes_in_strict_id_order() {
 
 #[test]
 fn ordered_run_never_skips_past_a_row_another_transaction_holds() {
-    let mut fx = Fixture::new("ordered_no_skip");
+    let mut fx = Fixture::isolated("ordered_no_skip");
     fx.insert("e", 3);
     // Someone (a requeue, a plain run) holds e-2 for a moment.
     let held = fx.hold_row("e-2");
@@ -108,7 +108,7 @@ fn stream_with_unroutable_third(fx: &mut Fixture) {
 
 #[test]
 fn ordered_batch_stops_at_its_first_failure_and_publishes_nothing_after_it() {
-    let mut fx = Fixture::new("ordered_stop");
+    let mut fx = Fixture::isolated("ordered_stop");
     stream_with_unroutable_third(&mut fx);
 
     let run = fx.run(&["--ordered", "--json"]);
@@ -130,7 +130,7 @@ fn ordered_batch_stops_at_its_first_failure_and_publishes_nothing_after_it() {
 
 #[test]
 fn dead_head_event_no_longer_blocks_the_ordered_stream() {
-    let mut fx = Fixture::new("ordered_dead");
+    let mut fx = Fixture::isolated("ordered_dead");
     stream_with_unroutable_third(&mut fx);
     let run = fx.run(&["--ordered", "--max-attempts", "1"]);
     assert_eq!(run.code, 1, "{}", run.stderr);
@@ -147,7 +147,7 @@ fn dead_head_event_no_longer_blocks_the_ordered_stream() {
 
 #[test]
 fn ordered_channel_error_fails_that_event_only_and_stops_the_batch() {
-    let mut fx = Fixture::new("ordered_channel_error");
+    let mut fx = Fixture::isolated("ordered_channel_error");
     fx.insert_event("ok-1", "ok.created", "{}");
     // Over RabbitMQ's default max_message_size: the broker closes the channel.
     fx.execute(
@@ -175,7 +175,7 @@ fn ordered_channel_error_fails_that_event_only_and_stops_the_batch() {
 
 #[test]
 fn ordered_broker_cut_leaves_a_published_prefix_and_the_rerun_continues_in_order() {
-    let mut fx = Fixture::new("ordered_cut");
+    let mut fx = Fixture::isolated("ordered_cut");
     fx.insert("e", 300);
     let broker = Proxy::start(amqp_addr());
     broker.stall_upstream_after(20_000); // some dozens of events in

@@ -1,29 +1,75 @@
 //! The AMQP message an event becomes: its routing key, its properties
-//! (the contract's "Message properties") and its body, the payload's bytes
-//! exactly as PostgreSQL prints the jsonb.
+//! (the contract's "Message properties", and the optional columns' headers)
+//! and its body, the payload's bytes exactly as PostgreSQL prints the jsonb.
 
 use lapin::BasicProperties;
 use lapin::types::ShortString;
 
+use crate::broker::headers::Headers;
 use crate::sql::outbox::Event;
 
-/// The routing key and the message id as AMQP short strings, or None when
-/// either is longer than AMQP's 255 bytes: such an event cannot be sent.
-pub fn short_strings(event: &Event) -> Option<(ShortString, ShortString)> {
-    let routing_key = ShortString::try_new(event.event_type.as_str()).ok()?;
-    let message_id = ShortString::try_new(event.event_id.as_str()).ok()?;
-    Some((routing_key, message_id))
+/// The header that carries ordering_key, for consumers that shard by key
+/// (RabbitMQ's consistent-hash exchange can hash on a header).
+pub const ORDERING_KEY_HEADER: &str = "x-ordering-key";
+
+/// What a content header frame holds besides the headers table, at most:
+/// the frame's own header and end (8 bytes), class, weight, body size and
+/// property flags (14), message_id and type (up to 256 each), content_type
+/// (17), delivery_mode (1), timestamp (8) and app_id (12).
+const OTHER_PROPERTIES: usize = 8 + 14 + 256 + 256 + 17 + 1 + 8 + 12;
+
+/// An event ready to publish.
+pub struct Outgoing {
+    pub routing_key: ShortString,
+    pub properties: BasicProperties,
 }
 
-/// The routing key and the message id, or why the event cannot be sent at
-/// all (a column that could not be read, a name too long for AMQP): the
-/// event's own failure, counted against it alone.
-pub fn addressed(event: &Event) -> Result<(ShortString, ShortString), String> {
+/// The message `event` becomes, or why it cannot be sent (the event's own
+/// failure: an attempt is counted): a column that could not be read, a
+/// name too long for AMQP, headers that are not an object. `frame_max` is
+/// the connection's: a
+/// content header frame larger than it would make the broker close the
+/// whole connection, an outage for every event of the batch, again at
+/// every run.
+pub fn outgoing(event: &Event, frame_max: u32) -> Result<Outgoing, String> {
     if let Some(reason) = &event.unreadable {
         return Err(reason.clone());
     }
-    short_strings(event)
-        .ok_or_else(|| "event_type or event_id is longer than AMQP's 255 bytes".into())
+    let short = |value: &str, column: &str| {
+        ShortString::try_new(value).map_err(|_| format!("{column} is longer than AMQP's 255 bytes"))
+    };
+    let routing_key = match &event.routing_key {
+        Some(routing_key) => short(routing_key, "routing_key")?,
+        None => short(&event.event_type, "event_type")?,
+    };
+    let properties = BasicProperties::default()
+        .with_message_id(short(&event.event_id, "event_id")?)
+        .with_type(short(&event.event_type, "event_type")?)
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_app_id("outbox-poll".into());
+    let properties = match timestamp(event) {
+        Some(seconds) => properties.with_timestamp(seconds),
+        None => properties,
+    };
+    let properties = match headers(event)? {
+        Some(headers) => {
+            let room = (frame_max as usize).saturating_sub(OTHER_PROPERTIES);
+            if headers.bytes > room {
+                return Err(format!(
+                    "the headers take {} bytes, more than the {room} that fit in the \
+                     broker's frame (frame_max {frame_max})",
+                    headers.bytes
+                ));
+            }
+            properties.with_headers(headers.table)
+        }
+        None => properties,
+    };
+    Ok(Outgoing {
+        routing_key,
+        properties,
+    })
 }
 
 /// The AMQP timestamp: created_at in whole seconds since the epoch. AMQP's
@@ -36,17 +82,87 @@ pub fn timestamp(event: &Event) -> Option<u64> {
         .map(|seconds| seconds as u64)
 }
 
-/// The message properties the contract fixes. `kind` is the event type,
-/// already checked to fit a short string.
-pub fn properties(event: &Event, kind: ShortString, message_id: ShortString) -> BasicProperties {
-    let properties = BasicProperties::default()
-        .with_message_id(message_id)
-        .with_type(kind)
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2)
-        .with_app_id("outbox-poll".into());
-    match timestamp(event) {
-        Some(seconds) => properties.with_timestamp(seconds),
-        None => properties,
+/// The headers column's members, and x-ordering-key when the event has a
+/// key (it replaces a member of that name); None when there are neither.
+fn headers(event: &Event) -> Result<Option<Headers>, String> {
+    let mut headers = match &event.headers {
+        Some(json) => Headers::from_json(json)?,
+        None if event.ordering_key.is_none() => return Ok(None),
+        None => Headers::default(),
+    };
+    if let Some(key) = &event.ordering_key {
+        headers.insert_string(ORDERING_KEY_HEADER, key);
+    }
+    Ok(Some(headers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::AMQPValue;
+
+    const FRAME_MAX: u32 = 131_072;
+
+    fn event() -> Event {
+        Event {
+            event_id: "e-1".into(),
+            event_type: "order.created".into(),
+            payload: "{}".into(),
+            ..Event::default()
+        }
+    }
+
+    #[test]
+    fn without_optional_columns_the_routing_key_is_the_type_and_no_headers() {
+        let message = outgoing(&event(), FRAME_MAX).unwrap();
+        assert_eq!(message.routing_key.as_str(), "order.created");
+        assert_eq!(message.properties.headers(), &None);
+    }
+
+    #[test]
+    fn routing_key_overrides_the_routing_key_and_leaves_the_type() {
+        let event = Event {
+            routing_key: Some("eu.orders".into()),
+            ..event()
+        };
+        let message = outgoing(&event, FRAME_MAX).unwrap();
+        assert_eq!(message.routing_key.as_str(), "eu.orders");
+        let kind = message.properties.kind().as_ref().map(ShortString::as_str);
+        assert_eq!(kind, Some("order.created"));
+    }
+
+    #[test]
+    fn the_ordering_key_column_wins_over_a_header_of_its_name() {
+        let event = Event {
+            headers: Some(r#"{"x-ordering-key": "forged", "a": 1}"#.into()),
+            ordering_key: Some("order-7".into()),
+            ..event()
+        };
+        let message = outgoing(&event, FRAME_MAX).unwrap();
+        let headers = message.properties.headers().clone().unwrap();
+        let key = &headers.inner()[ORDERING_KEY_HEADER];
+        assert_eq!(key, &AMQPValue::LongString("order-7".into()));
+        assert_eq!(headers.inner()["a"], AMQPValue::LongLongInt(1));
+    }
+
+    #[test]
+    fn headers_larger_than_a_frame_fail_the_event() {
+        let event = Event {
+            headers: Some(format!(r#"{{"big": "{}"}}"#, "x".repeat(5000))),
+            ..event()
+        };
+        assert!(outgoing(&event, 8192).is_ok());
+        let error = outgoing(&event, 4096).err().unwrap();
+        assert!(error.contains("frame_max 4096"), "{error}");
+    }
+
+    #[test]
+    fn a_name_too_long_for_amqp_says_which_column() {
+        let event = Event {
+            routing_key: Some("r".repeat(256)),
+            ..event()
+        };
+        let error = outgoing(&event, FRAME_MAX).err().unwrap();
+        assert_eq!(error, "routing_key is longer than AMQP's 255 bytes");
     }
 }

@@ -4,8 +4,10 @@
 //!
 //! `publisher` owns the connection and decides what a failure means;
 //! `round` is one pipelined round of publishes and confirms; `message`
-//! builds the AMQP message from a row.
+//! builds the AMQP message from a row, `headers` its headers from the
+//! optional headers column.
 
+pub mod headers;
 pub mod message;
 pub mod publisher;
 pub mod round;

@@ -179,9 +179,13 @@ impl Publisher {
         let channel = self.take_channel()?;
         let deadline = Instant::now() + self.config.confirm_timeout;
         let all: Vec<&Event> = events.iter().collect();
-        let first =
-            self.runtime
-                .block_on(issue_round(&channel, &self.config.exchange, &all, deadline));
+        let first = self.runtime.block_on(issue_round(
+            &channel,
+            &self.config.exchange,
+            &all,
+            deadline,
+            self.frame_max(),
+        ));
         Ok(Sent::Pipelined {
             channel,
             first: Box::new(first),
@@ -263,6 +267,7 @@ impl Publisher {
                 &self.config.exchange,
                 round,
                 deadline,
+                self.frame_max(),
             ));
         }
         self.idle.push(channel);
@@ -289,6 +294,7 @@ impl Publisher {
                 &self.config.exchange,
                 &[event],
                 deadline,
+                self.frame_max(),
             ));
             let stopped = !result.failed.is_empty() || !result.declined.is_empty();
             outcome.absorb(&mut result);
@@ -313,6 +319,12 @@ impl Publisher {
         }
         self.idle.push(channel);
         outcome
+    }
+
+    /// The largest frame the connection may send, as negotiated with the
+    /// broker: a message's headers must fit in one.
+    fn frame_max(&self) -> u32 {
+        self.connection.configuration().frame_max()
     }
 
     /// Closes the connection cleanly; errors here change nothing.

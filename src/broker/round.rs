@@ -10,11 +10,10 @@ use std::task::Poll;
 use anyhow::anyhow;
 use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
-use lapin::types::ShortString;
 use lapin::{Channel, Confirmation, PublisherConfirm};
 use tokio::time::{Instant, timeout_at};
 
-use crate::broker::message::{addressed, properties};
+use crate::broker::message::{Outgoing, outgoing};
 use crate::sql::outbox::Event;
 
 /// What a nack records in last_error: the broker declined the message for
@@ -79,8 +78,9 @@ pub async fn publish_round(
     exchange: &str,
     events: &[&Event],
     deadline: Instant,
+    frame_max: u32,
 ) -> Round {
-    let issued = issue_round(channel, exchange, events, deadline).await;
+    let issued = issue_round(channel, exchange, events, deadline, frame_max).await;
     await_round(issued, events, deadline).await
 }
 
@@ -89,19 +89,22 @@ pub async fn publish_round(
 /// stream instead of one io-thread hand-off per message. After the first
 /// publish that fails (or times out), that event and every later one are
 /// unresolved (left as they were), and nothing after it is sent, exactly as
-/// when they went one by one.
+/// when they went one by one. An event that cannot be a message (see
+/// `message::outgoing`; `frame_max` is the connection's) is not sent and
+/// fails.
 pub async fn issue_round(
     channel: &Channel,
     exchange: &str,
     events: &[&Event],
     deadline: Instant,
+    frame_max: u32,
 ) -> Issued {
     let mut round = Round::default();
     let mut unsendable = Vec::new();
     let mut sendable = Vec::with_capacity(events.len());
     for (position, &event) in events.iter().enumerate() {
-        match addressed(event) {
-            Ok(strings) => sendable.push((position, event, strings)),
+        match outgoing(event, frame_max) {
+            Ok(message) => sendable.push((position, event, message)),
             Err(reason) => unsendable.push((position, reason)),
         }
     }
@@ -171,7 +174,7 @@ pub async fn await_round(issued: Issued, events: &[&Event], deadline: Instant) -
 async fn issue(
     channel: &Channel,
     exchange: &str,
-    window: Vec<(usize, &Event, (ShortString, ShortString))>,
+    window: Vec<(usize, &Event, Outgoing)>,
 ) -> Vec<lapin::Result<PublisherConfirm>> {
     let options = BasicPublishOptions {
         mandatory: true,
@@ -179,16 +182,24 @@ async fn issue(
     };
     let mut publishes: Vec<_> = window
         .into_iter()
-        .map(|(_, event, (routing_key, message_id))| {
-            let properties = properties(event, routing_key.clone(), message_id);
-            Box::pin(channel.basic_publish(
-                exchange.into(),
-                routing_key,
-                options,
-                event.payload.as_bytes(),
-                properties,
-            ))
-        })
+        .map(
+            |(
+                _,
+                event,
+                Outgoing {
+                    routing_key,
+                    properties,
+                },
+            )| {
+                Box::pin(channel.basic_publish(
+                    exchange.into(),
+                    routing_key,
+                    options,
+                    event.payload.as_bytes(),
+                    properties,
+                ))
+            },
+        )
         .collect();
     let mut results: Vec<Option<lapin::Result<PublisherConfirm>>> = std::iter::repeat_with(|| None)
         .take(publishes.len())
@@ -299,8 +310,7 @@ mod tests {
             event_type: event_type.into(),
             payload: "{}".into(),
             created_at: Some(0.0),
-            attempts: 0,
-            unreadable: None,
+            ..Event::default()
         }
     }
 
@@ -309,7 +319,7 @@ mod tests {
         events
             .iter()
             .enumerate()
-            .filter_map(|(position, event)| Some((position, addressed(event).err()?)))
+            .filter_map(|(position, event)| Some((position, outgoing(event, 131_072).err()?)))
             .collect()
     }
 
@@ -346,10 +356,7 @@ mod tests {
         assert_eq!(
             round.failed,
             [
-                (
-                    1,
-                    "event_type or event_id is longer than AMQP's 255 bytes".into()
-                ),
+                (1, "event_type is longer than AMQP's 255 bytes".into()),
                 (3, "payload is NULL".into())
             ]
         );

@@ -13,7 +13,7 @@ use crate::connect::database;
 use crate::exit::Exit;
 use crate::guard::watchdog::Watchdog;
 use crate::report::{plural, stdout};
-use crate::sql::figures::{self, Figures};
+use crate::sql::figures::{self, Figures, HeldBack};
 use crate::sql::table::TableName;
 
 pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
@@ -32,10 +32,13 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
         Some(types) => Figures::sum(types),
         None => figures::of_table(&mut client, table, max_attempts)?,
     };
-    let dead_tuples = figures::dead_tuple_ratio(&mut client, table)?;
+    let beyond = Beyond {
+        held_back: figures::held_back(&mut client, table, max_attempts)?,
+        dead_tuples: figures::dead_tuple_ratio(&mut client, table)?,
+    };
     let text = match json {
-        true => json_text(&total, dead_tuples, by_type.as_deref()),
-        false => table_text(table, &total, dead_tuples, by_type.as_deref()),
+        true => json_text(&total, &beyond, by_type.as_deref()),
+        false => table_text(table, &total, &beyond, by_type.as_deref()),
     };
     stdout::write(text.as_bytes()).map_err(stdout::unwritable)?;
     let crossed = thresholds_crossed(&total, args);
@@ -48,16 +51,22 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
     })
 }
 
-/// The contract's object, then `dead_tuple_ratio` (null when unknown), and
-/// with --by-type, last, a `by_type` object keyed by event type, each with
-/// the same five fields.
-fn json_text(
-    total: &Figures,
+/// What status reports beyond the contract's five figures.
+#[derive(Debug, Default)]
+struct Beyond {
+    /// How long the ordered modes have been held back (None: they are not).
+    held_back: Option<HeldBack>,
+    /// Dead row versions over all row versions (None: not counted yet).
     dead_tuples: Option<f64>,
-    by_type: Option<&[(String, Figures)]>,
-) -> String {
+}
+
+/// The contract's object, then `ordered_held_back_s` and `dead_tuple_ratio`
+/// (each null when there is none), and with --by-type, last, a `by_type`
+/// object keyed by event type, each with the contract's five fields.
+fn json_text(total: &Figures, beyond: &Beyond, by_type: Option<&[(String, Figures)]>) -> String {
     let mut object = total.to_json();
-    object["dead_tuple_ratio"] = dead_tuples.into();
+    object["ordered_held_back_s"] = beyond.held_back.as_ref().map(|held| held.age_s).into();
+    object["dead_tuple_ratio"] = beyond.dead_tuples.into();
     if let Some(types) = by_type {
         let types: serde_json::Map<String, serde_json::Value> = types
             .iter()
@@ -94,11 +103,12 @@ fn thresholds_crossed(figures: &Figures, args: &StatusArgs) -> Vec<String> {
 fn table_text(
     table: &TableName,
     total: &Figures,
-    dead_tuples: Option<f64>,
+    beyond: &Beyond,
     by_type: Option<&[(String, Figures)]>,
 ) -> String {
     let mut text = totals_text(table, total);
-    text.push_str(&dead_tuples_line(dead_tuples));
+    text.push_str(&held_back_line(beyond.held_back.as_ref()));
+    text.push_str(&dead_tuples_line(beyond.dead_tuples));
     if let Some(types) = by_type {
         text.push('\n');
         text.push_str(&types_text(types));
@@ -127,6 +137,20 @@ fn totals_text(table: &TableName, total: &Figures) -> String {
          oldest pending  {oldest}\n",
         counts[0], counts[1], counts[2], counts[3],
     )
+}
+
+/// How long the ordered modes have been held back, and by which session.
+fn held_back_line(held_back: Option<&HeldBack>) -> String {
+    let Some(held) = held_back else {
+        return "held back       -\n".into();
+    };
+    let age = humantime::format_duration(Duration::from_secs(held.age_s.max(0) as u64));
+    match held.pid {
+        Some(pid) => format!(
+            "held back       {age} (the ordered modes wait for the open transaction of pid {pid})\n"
+        ),
+        None => format!("held back       {age} (the ordered modes wait for an open transaction)\n"),
+    }
 }
 
 /// The dead-tuple ratio as a percentage, `-` when unknown.
@@ -196,14 +220,22 @@ mod tests {
                 },
             ),
         ];
+        let beyond = Beyond {
+            held_back: Some(HeldBack {
+                age_s: 125,
+                pid: Some(4242),
+            }),
+            dead_tuples: Some(0.125),
+        };
         assert_eq!(
-            table_text(&table, &total, Some(0.125), Some(&types)),
+            table_text(&table, &total, &beyond, Some(&types)),
             "table           app.outbox\n\
              pending         12\n\
              due              3\n\
              retrying         1\n\
              dead             0\n\
              oldest pending  1h 1m 1s\n\
+             held back       2m 5s (the ordered modes wait for the open transaction of pid 4242)\n\
              dead tuples     12.5%\n\
              \n\
              event type     pending  due  retrying  dead\n\
@@ -213,13 +245,17 @@ mod tests {
     }
 
     #[test]
-    fn json_puts_the_dead_tuple_ratio_after_the_five_and_by_type_last() {
+    fn json_puts_the_held_back_age_and_the_dead_tuple_ratio_after_the_five_and_by_type_last() {
         let figures = Figures {
             pending: 1,
             ..Figures::default()
         };
         let types = [("a".to_string(), figures)];
-        let text = json_text(&figures, Some(0.5), Some(&types));
+        let beyond = Beyond {
+            dead_tuples: Some(0.5),
+            ..Beyond::default()
+        };
+        let text = json_text(&figures, &beyond, Some(&types));
         let keys: Vec<String> =
             serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&text)
                 .unwrap()
@@ -234,11 +270,13 @@ mod tests {
                 "retrying",
                 "dead",
                 "oldest_pending_age_s",
+                "ordered_held_back_s",
                 "dead_tuple_ratio",
                 "by_type"
             ]
         );
         assert!(text.contains(r#""dead_tuple_ratio":0.5,"#), "{text}");
-        assert!(json_text(&figures, None, None).contains(r#""dead_tuple_ratio":null"#));
+        let unknown = json_text(&figures, &Beyond::default(), None);
+        assert!(unknown.contains(r#""ordered_held_back_s":null,"dead_tuple_ratio":null"#));
     }
 }

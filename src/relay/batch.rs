@@ -13,7 +13,7 @@ use crate::guard::stop::Stop;
 use crate::relay::session::{Session, Uncommitted};
 use crate::report::dry_run;
 use crate::report::totals::Totals;
-use crate::sql::outbox::Event;
+use crate::sql::outbox::{Event, Start};
 
 /// Why a batch ended before anything was published.
 #[derive(Debug, PartialEq, Eq)]
@@ -41,7 +41,8 @@ impl InFlight {
         self.events.len()
     }
 
-    /// The highest id claimed (the claim is in id order, and never empty).
+    /// The last id claimed: the highest, for a plain claim, which is in id
+    /// order (and never empty).
     pub fn last_id(&self) -> i64 {
         self.events.last().map_or(i64::MIN, |event| event.id)
     }
@@ -50,6 +51,14 @@ impl InFlight {
     pub fn bytes(&self) -> i64 {
         let bytes: usize = self.events.iter().map(|event| event.payload.len()).sum();
         i64::try_from(bytes).unwrap_or(i64::MAX)
+    }
+
+    /// The last key claimed, in the order of an --ordered-by-key claim.
+    pub fn last_key(&self) -> Option<&str> {
+        self.events
+            .iter()
+            .rev()
+            .find_map(|event| event.ordering_key.as_deref())
     }
 }
 
@@ -67,19 +76,19 @@ pub enum Opened {
 /// earlier would let another run claim and re-send events we have already
 /// published. If anything fails before the commit, the transaction is
 /// rolled back and the events are claimed again by a later run: a
-/// duplicate at worst, never a loss. Only rows from id `from` on are
-/// claimed (all of them if None), and about `bytes` of payloads at most.
+/// duplicate at worst, never a loss. The claim starts where `start` says,
+/// and holds about `bytes` of payloads at most.
 pub fn open(
     session: &mut Session,
     relay: &Relay,
     broker: &mut Broker,
     stop: &Stop,
     totals: &mut Totals,
-    from: Option<i64>,
+    start: &Start,
     bytes: i64,
 ) -> Result<Opened> {
     session.begin()?;
-    let opened = claim_and_send(session, relay, broker, stop, totals, from, bytes);
+    let opened = claim_and_send(session, relay, broker, stop, totals, start, bytes);
     match &opened {
         Ok(Opened::InFlight(_)) => {}
         Ok(Opened::Ended(Ended::Empty | Ended::LockTaken)) => {
@@ -99,13 +108,13 @@ fn claim_and_send(
     broker: &mut Broker,
     stop: &Stop,
     totals: &mut Totals,
-    from: Option<i64>,
+    start: &Start,
     bytes: i64,
 ) -> Result<Opened> {
-    if !session.try_lock()? {
+    if !session.before_claim()? {
         return Ok(Opened::Ended(Ended::LockTaken));
     }
-    let events = session.claim(relay.batch_size, from, bytes)?;
+    let events = session.claim(relay.batch_size, start, bytes)?;
     if events.is_empty() {
         return Ok(Opened::Ended(Ended::Empty));
     }

@@ -18,6 +18,7 @@ use crate::relay::batch::{self, Ended, InFlight, Opened};
 use crate::relay::session::Session;
 use crate::report::progress::Progress;
 use crate::report::totals::Totals;
+use crate::sql::outbox::{Order, Start};
 
 /// What every batch of a run shares.
 pub struct Drain<'a> {
@@ -58,8 +59,14 @@ const HEAD_EVERY: Duration = Duration::from_secs(1);
 /// starts from the head of the table again at least every HEAD_EVERY, after
 /// any claim that was not full (the drain has caught up), and before the
 /// drain ends: "until none is claimed" still means none at all.
+///
+/// --ordered-by-key's claims walk the keys instead, and start after the
+/// last key the drain claimed: the keys right after it are those its
+/// batches in flight do not hold. Each of its claims goes round every key,
+/// so none is passed over. --ordered always claims from the head.
 struct Claims {
     from: Option<i64>,
+    key: Option<String>,
     head_at: Instant,
     /// The last claim was a full batch: a backlog is waiting, worth another
     /// session. A partial one says the drain is about done.
@@ -70,19 +77,27 @@ impl Claims {
     fn new() -> Self {
         Claims {
             from: None,
+            key: None,
             head_at: Instant::now(),
             backlog: false,
         }
     }
 
-    /// Where the next claim starts: None for the head of the table.
-    fn next(&self) -> Option<i64> {
-        self.from.filter(|_| self.head_at.elapsed() < HEAD_EVERY)
+    /// Where the next claim starts, in the run's order.
+    fn next(&self, order: Order) -> Start {
+        match order {
+            Order::Plain => match self.from.filter(|_| self.head_at.elapsed() < HEAD_EVERY) {
+                Some(id) => Start::Id(id),
+                None => Start::Head,
+            },
+            Order::ByKey => self.key.clone().map_or(Start::Head, Start::AfterKey),
+            Order::Strict => Start::Head,
+        }
     }
 
-    /// After a claim from `from` that returned `batch`.
-    fn claimed(&mut self, from: Option<i64>, batch: &InFlight, batch_size: i64) {
-        if from.is_none() {
+    /// After a claim from `start` that returned `batch`.
+    fn claimed(&mut self, start: &Start, batch: &InFlight, batch_size: i64) {
+        if *start == Start::Head {
             self.head_at = Instant::now();
         }
         self.backlog = batch.claimed() as i64 == batch_size;
@@ -90,6 +105,9 @@ impl Claims {
             true => batch.last_id().checked_add(1),
             false => None,
         };
+        if let Some(key) = batch.last_key() {
+            self.key = Some(key.to_string());
+        }
     }
 }
 
@@ -115,6 +133,7 @@ impl Drain<'_> {
         let mut flight = Flight::new();
         let mut claims = Claims::new();
         let mut claiming = true;
+        let by_key = self.relay.order() == Order::ByKey;
         loop {
             // --batch-bytes bounds the payloads of every batch in flight
             // together: a claim gets what the others leave of it.
@@ -130,7 +149,15 @@ impl Drain<'_> {
                 }
                 self.arm_for_batches();
                 match self.open_next(&mut sessions.all[index], &mut claims, room(&flight)) {
-                    Ok(Some(batch)) => flight.push_back((index, batch)),
+                    Ok(Some(batch)) => {
+                        // --ordered-by-key: a batch that is not full took
+                        // every event claimable now; the next events of its
+                        // keys become claimable once it has settled.
+                        if by_key && (batch.claimed() as i64) < self.relay.batch_size {
+                            claiming = false;
+                        }
+                        flight.push_back((index, batch));
+                    }
                     Ok(None) => {
                         sessions.idle.push(index);
                         claiming = false;
@@ -148,6 +175,11 @@ impl Drain<'_> {
                 return self.settle_after_failure(sessions.all, flight, error);
             }
             sessions.idle.push(index);
+            // --ordered-by-key: a claim that found nothing may have found
+            // every key held by the batches in flight, and this one's keys
+            // may have their next events claimable now. The drain ends once
+            // a claim finds nothing with no batch in flight.
+            claiming |= by_key;
         }
     }
 
@@ -160,22 +192,23 @@ impl Drain<'_> {
         bytes: i64,
     ) -> Result<Option<InFlight>> {
         let relay = self.relay;
-        // Ordered mode never passes a row: it always claims from the head.
-        let from = claims.next().filter(|_| !relay.ordered);
+        let start = claims.next(relay.order());
         match batch::open(
             session,
             relay,
             self.broker,
             self.stop,
             self.totals,
-            from,
+            &start,
             bytes,
         )? {
             Opened::InFlight(batch) => {
-                claims.claimed(from, &batch, relay.batch_size);
+                claims.claimed(&start, &batch, relay.batch_size);
                 Ok(Some(batch))
             }
-            Opened::Ended(Ended::Empty) if from.is_some() => {
+            // Only a plain claim can pass over rows (those behind where it
+            // started): it looks again from the head.
+            Opened::Ended(Ended::Empty) if matches!(start, Start::Id(_)) => {
                 claims.from = None;
                 self.open_next(session, claims, bytes)
             }

@@ -26,7 +26,7 @@ use crate::broker::publisher::Outcome;
 use crate::broker::round::NACKED;
 use crate::config::{Database, Relay};
 use crate::connect::database;
-use crate::sql::outbox::{Event, Outbox};
+use crate::sql::outbox::{Event, Outbox, Start};
 
 /// Why a batch's COMMIT did not go through.
 pub enum Uncommitted {
@@ -54,7 +54,7 @@ impl Session {
             &mut client,
             &database.table,
             database.max_attempts,
-            relay.ordered,
+            relay.order(),
             relay.on_publish,
         )?;
         Ok(Session { client, outbox })
@@ -117,17 +117,17 @@ impl Session {
         let _ = self.client.batch_execute("ROLLBACK");
     }
 
-    /// In ordered mode, takes the table's lock for this transaction if it
-    /// is free; plain runs need none and always go ahead.
-    pub fn try_lock(&mut self) -> Result<bool> {
-        self.outbox.try_lock(&mut self.client)
+    /// Whether this transaction may claim (see `Outbox::before_claim`): in
+    /// --ordered mode, whether the table's lock was free.
+    pub fn before_claim(&mut self) -> Result<bool> {
+        self.outbox.before_claim(&mut self.client)
     }
 
-    /// Claims up to `limit` due events from id `from` on (all if None),
+    /// Claims up to `limit` due events, starting where `start` says,
     /// holding about `bytes` of payloads at most (see Outbox::claim). The
     /// marks that follow apply to this claim's batch.
-    pub fn claim(&mut self, limit: i64, from: Option<i64>, bytes: i64) -> Result<Vec<Event>> {
-        self.outbox.claim(&mut self.client, limit, from, bytes)
+    pub fn claim(&mut self, limit: i64, start: &Start, bytes: i64) -> Result<Vec<Event>> {
+        self.outbox.claim(&mut self.client, limit, start, bytes)
     }
 
     /// The marks for what the broker said, in the batch's transaction: one

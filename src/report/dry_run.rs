@@ -20,22 +20,35 @@ pub fn print(events: &[Event]) -> Result<()> {
 /// One event as a JSON object. The payload goes in as PostgreSQL prints the
 /// jsonb, the very bytes the message would carry: always valid JSON, and
 /// never parsed here, so that no payload (a number beyond a float's range,
-/// nesting deeper than a parser's limit) can stop the dry run. A row that
-/// cannot be sent shows its id and why.
+/// nesting deeper than a parser's limit) can stop the dry run; so do the
+/// headers, where the row has them. A row that cannot be sent shows its id
+/// and why.
 fn line(event: &Event) -> String {
     let text = |value: &str| serde_json::Value::from(value).to_string();
     if let Some(reason) = &event.unreadable {
         return format!("{{\"id\":{},\"unreadable\":{}}}", event.id, text(reason));
     }
-    format!(
-        "{{\"id\":{},\"event_id\":{},\"event_type\":{},\"payload\":{},\"created_at\":{},\"attempts\":{}}}",
+    let mut line = format!(
+        "{{\"id\":{},\"event_id\":{},\"event_type\":{},\"payload\":{},\"created_at\":{},\"attempts\":{}",
         event.id,
         text(&event.event_id),
         text(&event.event_type),
         event.payload,
         created_at(event.created_at),
         event.attempts
-    )
+    );
+    // The optional columns, where the row has them.
+    if let Some(headers) = &event.headers {
+        line.push_str(&format!(",\"headers\":{headers}"));
+    }
+    if let Some(routing_key) = &event.routing_key {
+        line.push_str(&format!(",\"routing_key\":{}", text(routing_key)));
+    }
+    if let Some(ordering_key) = &event.ordering_key {
+        line.push_str(&format!(",\"ordering_key\":{}", text(ordering_key)));
+    }
+    line.push('}');
+    line
 }
 
 /// created_at as RFC 3339 in UTC, `"infinity"` or `"-infinity"` as

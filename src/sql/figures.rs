@@ -6,6 +6,8 @@ use anyhow::Result;
 use postgres::Client;
 
 use crate::connect::database::classify_on_table;
+use crate::sql::columns;
+use crate::sql::outbox::{HORIZON, SEE_SESSIONS_SQL};
 use crate::sql::table::TableName;
 
 /// The backlog of one table (or of one event type in it).
@@ -100,6 +102,60 @@ pub fn due(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<
         .query_one(&sql, &[&max_attempts])
         .map_err(|error| classify_on_table(&error, "counting the due events", table))?;
     Ok(row.get(0))
+}
+
+/// What holds the ordered modes back (see `held_back`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldBack {
+    /// Whole seconds since the oldest held-back event was created.
+    pub age_s: i64,
+    /// The pid of the session whose transaction holds it back, where
+    /// pg_stat_activity shows one.
+    pub pid: Option<i32>,
+}
+
+/// How long the ordered modes have been held back: the oldest pending
+/// event that a transaction still running could yet precede (its
+/// producer_xid is not below the horizon, see `outbox::HORIZON`), and, if
+/// any, that transaction's session. None when no event is held back, or
+/// when the table has no producer_xid column (no ordered mode can run on
+/// it). Needs only SELECT on the table: pg_stat_activity shows every
+/// session's pid, database and xid to any role (not when its transaction
+/// started: hence the event's age).
+pub fn held_back(
+    client: &mut Client,
+    table: &TableName,
+    max_attempts: i32,
+) -> Result<Option<HeldBack>> {
+    const WHAT: &str = "reading what holds the ordered modes back";
+    if !columns::of_table(client, table, WHAT)?.producer_xid {
+        return Ok(None);
+    }
+    let classify = |error: postgres::Error| classify_on_table(&error, WHAT, table);
+    // As a claim does (see `Outbox::before_claim`): pg_stat_activity first,
+    // then the statements whose snapshots HORIZON reads, in one transaction.
+    let mut tx = client.transaction().map_err(classify)?;
+    tx.query_one(SEE_SESSIONS_SQL, &[]).map_err(classify)?;
+    let sql = format!(
+        "SELECT floor(extract(epoch FROM now() - min(created_at)))::bigint FROM {} \
+         WHERE published_at IS NULL AND attempts < $1::int AND producer_xid >= {HORIZON}",
+        table.quoted()
+    );
+    let row = tx.query_one(&sql, &[&max_attempts]).map_err(classify)?;
+    let Some(age_s) = row.get::<_, Option<i64>>(0) else {
+        return Ok(None);
+    };
+    let pid = tx
+        .query_opt(&holder_sql(), &[])
+        .map_err(classify)?
+        .map(|row| row.get(0));
+    Ok(Some(HeldBack { age_s, pid }))
+}
+
+/// The session whose transaction is the horizon (none for a prepared
+/// transaction, which has no session, or one that has just ended).
+fn holder_sql() -> String {
+    format!("SELECT pid FROM pg_stat_activity WHERE backend_xid = xid({HORIZON}) LIMIT 1")
 }
 
 fn query(

@@ -13,7 +13,7 @@
 use crate::sql::table::{TableName, quote};
 
 /// Every migration, in the order it runs.
-pub const MIGRATIONS: [(&str, &str); 4] = [
+pub const MIGRATIONS: [(&str, &str); 5] = [
     (
         "0001_create_outbox.sql",
         include_str!("../../migrations/0001_create_outbox.sql"),
@@ -21,6 +21,10 @@ pub const MIGRATIONS: [(&str, &str); 4] = [
     (
         "0002_retry_columns.sql",
         include_str!("../../migrations/0002_retry_columns.sql"),
+    ),
+    (
+        "0003_ordering.sql",
+        include_str!("../../migrations/0003_ordering.sql"),
     ),
     (
         "0004_notify.sql",

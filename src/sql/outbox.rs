@@ -22,6 +22,7 @@ use postgres::{Client, Statement};
 use crate::cli::OnPublish;
 use crate::connect::database::{classify_on_table, describe};
 use crate::exit;
+use crate::sql::columns::{self, Columns};
 use crate::sql::partitions;
 use crate::sql::table::TableName;
 
@@ -48,8 +49,33 @@ pub const NACK_BACKOFF: Duration = Duration::from_secs(30);
 /// The "equal jitter" factor, uniform in [0.5, 1).
 const JITTER_SQL: &str = "(0.5 + random() / 2)";
 
+/// How a run claims its events (see the README's "Ordering").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Any order: whatever is due and not held by another run.
+    Plain,
+    /// --ordered: the whole table in (producer_xid, id) order.
+    Strict,
+    /// --ordered-by-key: each ordering_key's events in (producer_xid, id)
+    /// order, one event of a key at a time.
+    ByKey,
+}
+
+/// Where a claim starts. Only a hint of where the next claimable events
+/// are: every claim still considers the whole table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    /// The head of the table.
+    Head,
+    /// A plain claim: at this id (the drain's last claim ended before it).
+    Id(i64),
+    /// An --ordered-by-key claim: at the keys after this one, then from
+    /// the first key.
+    AfterKey(String),
+}
+
 /// One claimed row.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Event {
     pub id: i64,
     pub event_id: String,
@@ -64,6 +90,11 @@ pub struct Event {
     /// which a table without the contract's NOT NULL constraints can hold):
     /// the event fails alone, the rest of the batch goes on.
     pub unreadable: Option<String>,
+    /// The optional columns: None where the row holds NULL or the table
+    /// has no such column. `headers` is the jsonb as PostgreSQL prints it.
+    pub headers: Option<String>,
+    pub routing_key: Option<String>,
+    pub ordering_key: Option<String>,
 }
 
 /// The prepared statements for one table on one connection. The marks
@@ -72,17 +103,21 @@ pub struct Event {
 pub struct Outbox {
     table: TableName,
     max_attempts: i32,
-    /// A claim from the head of the table: no range on id (see claim_sql).
-    claim_head: Statement,
-    /// A claim from an id on, a drain's while a backlog lasts. None in
-    /// ordered mode, which always claims from the head.
+    order: Order,
+    /// The optional columns the claim selects, after the fixed six.
+    columns: Columns,
+    /// The claim of the run's order; a plain claim from the head of the
+    /// table has no range on id (see claim_sql).
+    claim: Statement,
+    /// A plain claim from an id on, a drain's while a backlog lasts. None
+    /// in the ordered modes, which always consider the whole table.
     claim_from: Option<Statement>,
     /// `published_at = now()`, or with --on-publish delete the DELETE.
     mark_published: Statement,
     mark_failed: Statement,
     mark_declined: Statement,
-    /// Only in ordered mode: plain runs take no table lock at all.
-    try_lock: Option<Statement>,
+    /// Only in the ordered modes (see `before_claim`): plain runs need none.
+    before_claim: Option<Statement>,
     /// The table is partitioned by created_at: the marks carry the range
     /// of the claimed events' created_at, so PostgreSQL leaves out every
     /// other partition when it executes them (see Created).
@@ -128,26 +163,33 @@ impl Created {
 }
 
 impl Outbox {
+    /// Looks up which optional columns the table has, then prepares the
+    /// statements for them: the claim selects only the columns that exist,
+    /// so the per-batch SQL of a table without them is what it always was.
     pub fn prepare(
         client: &mut Client,
         table: &TableName,
         max_attempts: i32,
-        ordered: bool,
+        order: Order,
         on_publish: OnPublish,
     ) -> Result<Self> {
+        const WHAT: &str = "preparing the queries";
+        let columns = columns::of_table(client, table, WHAT)?;
         let prepare = |client: &mut Client, sql: &str| {
             client
                 .prepare(sql)
-                .map_err(|error| classify_on_table(&error, "preparing the queries", table))
+                .map_err(|error| classify_on_table(&error, WHAT, table))
         };
         let quoted = table.quoted();
-        let claim_head = match ordered {
-            true => prepare(client, &ordered_claim_sql(&quoted))?,
-            false => prepare(client, &claim_sql(&quoted, false))?,
+        let selected = selected(&columns);
+        let claim = match order {
+            Order::Plain => claim_sql(&quoted, &selected, false),
+            Order::Strict => ordered_claim_sql(&quoted, &selected),
+            Order::ByKey => by_key_claim_sql(&quoted, &selected),
         };
-        let claim_from = match ordered {
-            true => None,
-            false => Some(prepare(client, &claim_sql(&quoted, true))?),
+        let claim_from = match order {
+            Order::Plain => Some(prepare(client, &claim_sql(&quoted, &selected, true))?),
+            Order::Strict | Order::ByKey => None,
         };
         let by_created_at = partitions::by_created_at(client, table)?;
         let mark_published = match on_publish {
@@ -155,17 +197,20 @@ impl Outbox {
             OnPublish::Delete => delete_published_sql(&quoted, by_created_at),
         };
         let outbox = Outbox {
-            claim_head,
+            claim: prepare(client, &claim)?,
             claim_from,
             mark_published: prepare(client, &mark_published)?,
             mark_failed: prepare(client, &mark_failed_sql(&quoted, by_created_at))?,
             mark_declined: prepare(client, &mark_declined_sql(&quoted, by_created_at))?,
-            try_lock: match ordered {
-                true => Some(prepare(client, TRY_LOCK_SQL)?),
-                false => None,
+            before_claim: match order {
+                Order::Strict => Some(prepare(client, LOCK_AND_SEE_SESSIONS_SQL)?),
+                Order::ByKey => Some(prepare(client, SEE_SESSIONS_SQL)?),
+                Order::Plain => None,
             },
             table: table.clone(),
             max_attempts,
+            order,
+            columns,
             by_created_at,
             claimed: Created::ALL,
         };
@@ -198,10 +243,10 @@ impl Outbox {
         })
     }
 
-    /// Claims up to `limit` due events with ids from `from` on (the whole
-    /// table if None), locked until the transaction ends, and keeps them
-    /// while the payload bytes kept so far are under `bytes`: the first
-    /// always, however large.
+    /// Claims up to `limit` due events, locked until the transaction ends,
+    /// starting where `start` says (a start the run's order has no use for
+    /// is the head), and keeps them while the payload bytes kept so far are
+    /// under `bytes`: the first always, however large.
     ///
     /// The rows are read as they arrive, and those past the budget are read
     /// and dropped one at a time: so the batch in memory is the budget (and
@@ -220,21 +265,22 @@ impl Outbox {
         &mut self,
         client: &mut Client,
         limit: i64,
-        from: Option<i64>,
+        start: &Start,
         bytes: i64,
     ) -> Result<Vec<Event>> {
+        // The head of a by-key claim: '' sorts before any other key.
+        let first_key = String::new();
+        let (statement, start): (&Statement, Option<&(dyn ToSql + Sync)>) =
+            match (self.order, start, &self.claim_from) {
+                (Order::Plain, Start::Id(id), Some(claim_from)) => (claim_from, Some(id)),
+                (Order::ByKey, Start::AfterKey(key), _) => (&self.claim, Some(key)),
+                (Order::ByKey, _, _) => (&self.claim, Some(&first_key)),
+                (Order::Plain | Order::Strict, _, _) => (&self.claim, None),
+            };
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&self.max_attempts, &limit];
+        params.extend(start);
         let failed = |error| classify_on_table(&error, "claiming a batch", &self.table);
-        let mut rows = match (from, &self.claim_from) {
-            (Some(from), Some(claim_from)) => {
-                let params: [&(dyn ToSql + Sync); 3] = [&self.max_attempts, &limit, &from];
-                client.query_raw(claim_from, params)
-            }
-            _ => {
-                let params: [&(dyn ToSql + Sync); 2] = [&self.max_attempts, &limit];
-                client.query_raw(&self.claim_head, params)
-            }
-        }
-        .map_err(failed)?;
+        let mut rows = client.query_raw(statement, params).map_err(failed)?;
         let (mut events, mut held, mut dropped) = (Vec::new(), 0, 0);
         while let Some(row) = rows.next().map_err(failed)? {
             if held >= bytes {
@@ -298,6 +344,22 @@ impl Outbox {
             unreadable.get_or_insert(format!("attempts cannot be read: {error}"));
             0
         });
+        // The optional columns follow the fixed six, in this order, each
+        // only where the table has it (see `selected`).
+        let mut index = 6;
+        let mut optional = |present: bool, column: &str| -> Option<String> {
+            if !present {
+                return None;
+            }
+            index += 1;
+            row.try_get(index - 1).unwrap_or_else(|error| {
+                unreadable.get_or_insert(format!("{column} cannot be read: {error}"));
+                None
+            })
+        };
+        let headers = optional(self.columns.headers, "headers");
+        let routing_key = optional(self.columns.routing_key, "routing_key");
+        let ordering_key = optional(self.columns.ordering_key, "ordering_key");
         Ok(Event {
             id,
             event_id,
@@ -306,24 +368,39 @@ impl Outbox {
             created_at,
             attempts,
             unreadable,
+            headers,
+            routing_key,
+            ordering_key,
         })
     }
 
-    /// In ordered mode, takes the table's lock for this transaction if it
-    /// is free; plain runs need none and always go ahead.
+    /// Whether this transaction may claim. In --ordered mode it takes the
+    /// table's lock for the transaction if it is free, and goes ahead only
+    /// then; plain runs need no lock and always go ahead.
     ///
     /// A transaction-level advisory lock rather than a session one: it is
     /// released by the same COMMIT or ROLLBACK that releases the row locks,
     /// and by the server if the connection dies, so it can never leak.
-    pub fn try_lock(&self, client: &mut Client) -> Result<bool> {
-        let Some(statement) = &self.try_lock else {
+    ///
+    /// Both ordered modes also read pg_stat_activity here, before the
+    /// claim's snapshot is taken: a transaction reads it once, as of its
+    /// first look, so the claim's HORIZON sees the other databases'
+    /// transactions as they were before its snapshot. One that ended in
+    /// between is then not in the snapshot at all, where seen after the
+    /// snapshot it would not be known as another database's and would
+    /// hold the claim back for nothing.
+    pub fn before_claim(&self, client: &mut Client) -> Result<bool> {
+        let Some(statement) = &self.before_claim else {
             return Ok(true);
         };
-        let row = client
-            .query_one(statement, &[&self.table.quoted()])
-            .map_err(|error| {
-                classify_on_table(&error, "taking the ordered-mode lock", &self.table)
-            })?;
+        let table = self.table.quoted();
+        let params: &[&(dyn ToSql + Sync)] = match self.order {
+            Order::Strict => &[&table],
+            Order::ByKey | Order::Plain => &[],
+        };
+        let row = client.query_one(statement, params).map_err(|error| {
+            classify_on_table(&error, "preparing an ordered claim", &self.table)
+        })?;
         Ok(row.get(0))
     }
 
@@ -396,6 +473,22 @@ impl Outbox {
 const SELECTED: &str = "id::bigint, event_id::text, event_type::text, payload::text, \
      floor(extract(epoch FROM created_at))::float8, attempts::bigint";
 
+/// The claim's select list: the fixed six, then the optional columns the
+/// table has, in the order `Outbox::event` reads them.
+fn selected(columns: &Columns) -> String {
+    let mut list = SELECTED.to_string();
+    for (present, column) in [
+        (columns.headers, ", headers::text"),
+        (columns.routing_key, ", routing_key::text"),
+        (columns.ordering_key, ", ordering_key::text"),
+    ] {
+        if present {
+            list.push_str(column);
+        }
+    }
+    list
+}
+
 /// From the head of the table (`from` false), the claim has no range on
 /// id: a single run, and a drain now and then, claims from the start of
 /// the pending index. With `from`, `id >= $3` lets a drain start where its
@@ -414,29 +507,121 @@ const SELECTED: &str = "id::bigint, event_id::text, event_type::text, payload::t
 /// but the relay plans it generically (plan_cache_mode, set by
 /// `relay::session`), and a plan built without the parameter's value has
 /// nothing to probe with.
-fn claim_sql(table: &str, from: bool) -> String {
+fn claim_sql(table: &str, selected: &str, from: bool) -> String {
     let range = if from { "AND id >= $3::bigint " } else { "" };
     format!(
-        "SELECT {SELECTED} FROM {table} \
+        "SELECT {selected} FROM {table} \
          WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now() \
            {range}\
          ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
     )
 }
 
-/// Ordered mode may not skip past an event: it stops before the first
-/// pending event that is still backing off, and it waits for (rather than
-/// skips) a row another transaction holds. Dead events no longer count as
-/// pending, which is how a poison event stops blocking the table. It
-/// always claims from the head of the table.
-fn ordered_claim_sql(table: &str) -> String {
+/// The oldest transaction of this database that was still running when
+/// the statement's snapshot was taken (the snapshot's xmax when none was).
+/// The snapshot's running xids are the whole server's; those that
+/// pg_stat_activity shows in another database are left out, since they
+/// cannot insert into this table. One that pg_stat_activity does not show
+/// (it had not started when the transaction first looked, or it is a
+/// prepared transaction) counts: the snapshot did not see what it wrote.
+/// Any role may read pg_stat_activity's xids and databases.
+pub const HORIZON: &str = "(SELECT coalesce(min(running), pg_snapshot_xmax(pg_current_snapshot())) \
+     FROM pg_snapshot_xip(pg_current_snapshot()) AS running \
+     WHERE xid(running) NOT IN (SELECT backend_xid FROM pg_stat_activity \
+       WHERE backend_xid IS NOT NULL AND datname <> current_database()))";
+
+/// Whether every transaction that could still insert a row sorting before
+/// this one (in (producer_xid, id) order) has ended. Rows with a smaller
+/// xid were inserted by transactions that have all ended once that xid is
+/// below the horizon; rows with the same xid were inserted by the same,
+/// committed, transaction; and a transaction still to come gets a larger
+/// xid. Plain id order could not be made safe so: ids are taken at
+/// insert, so a transaction that got its xid after a committed one may
+/// still hold a lower id.
+fn settled() -> String {
+    format!("producer_xid < {HORIZON}")
+}
+
+/// --ordered, over the first $2 pending rows in (producer_xid, id) order
+/// (read from the two order indexes, rows without a key and rows with one,
+/// merged): the rows before the first that is still backing
+/// off or may yet be preceded by a row not committed. Dead rows are not
+/// pending, which is how a poison event stops blocking the table. It waits
+/// for (rather than skips) a row another transaction holds.
+fn ordered_claim_sql(table: &str, selected: &str) -> String {
+    let pending = |half: &str| {
+        format!(
+            "(SELECT id, producer_xid, available_at FROM {table} \
+              WHERE {half} AND published_at IS NULL AND attempts < $1::int \
+              ORDER BY producer_xid, id LIMIT $2)"
+        )
+    };
+    let (unkeyed, keyed) = (
+        pending("ordering_key IS NULL"),
+        pending("ordering_key IS NOT NULL"),
+    );
+    let settled = settled();
     format!(
-        "SELECT {SELECTED} FROM {table} \
+        "SELECT {selected} FROM {table} \
          WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now() \
-           AND id < coalesce((SELECT min(id) FROM {table} \
-                              WHERE published_at IS NULL AND attempts < $1::int \
-                                AND available_at > now()), 9223372036854775807) \
-         ORDER BY id LIMIT $2 FOR UPDATE"
+           AND id = ANY (ARRAY( \
+             SELECT id FROM ( \
+               SELECT id, bool_and(available_at <= now() AND {settled}) \
+                        OVER (ORDER BY producer_xid, id) AS clear \
+               FROM ({unkeyed} UNION ALL {keyed}) AS pending \
+               ORDER BY producer_xid, id LIMIT $2) AS head \
+             WHERE clear)) \
+         ORDER BY producer_xid, id FOR UPDATE"
+    )
+}
+
+/// --ordered-by-key: the first pending event of each key (a skip scan over
+/// the key index, one step per key, taken only as far as the batch
+/// needs), claimable when it is due, settled, and not held by another
+/// transaction (a batch in flight, another run), so a batch holds at most
+/// one event of a key, and a key whose first event is backing off or held
+/// yields nothing. Each first event is looked up and locked on its own (a
+/// LATERAL subquery, which the planner cannot turn into a join that reads
+/// the whole table). Dead events are not pending and block nothing. The scan
+/// starts after the key $3 (the last one the drain claimed: the keys right
+/// after it are those its batches in flight do not hold) and then goes on
+/// from the first key up to $3, so it covers every key. Then, for the rest
+/// of the batch, events without a key, as a plain claim takes them.
+fn by_key_claim_sql(table: &str, selected: &str) -> String {
+    let heads = |name: &str, range: &str| {
+        format!(
+            "{name}(head_key, head_id) AS ( \
+                 (SELECT ordering_key, id FROM {table} \
+                  WHERE {range} AND published_at IS NULL AND attempts < $1::int \
+                  ORDER BY ordering_key, producer_xid, id LIMIT 1) \
+               UNION ALL \
+                 SELECT next.ordering_key, next.id FROM {name}, LATERAL ( \
+                   SELECT ordering_key, id FROM {table} \
+                   WHERE {range} AND ordering_key > {name}.head_key \
+                     AND published_at IS NULL AND attempts < $1::int \
+                   ORDER BY ordering_key, producer_xid, id LIMIT 1) AS next)"
+        )
+    };
+    let after = heads("after", "ordering_key > $3::text");
+    let up_to = heads("up_to", "ordering_key <= $3::text");
+    let settled = settled();
+    format!(
+        "WITH RECURSIVE {after}, {up_to}, \
+         keyed AS ( \
+             SELECT claimed.* \
+             FROM (SELECT * FROM after UNION ALL SELECT * FROM up_to) AS heads, LATERAL ( \
+               SELECT {selected} FROM {table} \
+               WHERE id = heads.head_id AND published_at IS NULL AND attempts < $1::int \
+                 AND available_at <= now() AND {settled} \
+               FOR UPDATE SKIP LOCKED) AS claimed \
+             LIMIT $2), \
+         unkeyed AS ( \
+             SELECT {selected} FROM {table} \
+             WHERE ordering_key IS NULL AND published_at IS NULL AND attempts < $1::int \
+               AND available_at <= now() \
+             ORDER BY producer_xid, id LIMIT $2 - (SELECT count(*) FROM keyed) \
+             FOR UPDATE SKIP LOCKED) \
+         SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed"
     )
 }
 
@@ -495,10 +680,14 @@ fn mark_declined_sql(table: &str, by_created_at: bool) -> String {
     )
 }
 
-/// Keyed by the table's oid, so two tables never share a lock and two
-/// spellings of one table always do.
-const TRY_LOCK_SQL: &str =
-    "SELECT pg_try_advisory_xact_lock(2052318419, $1::text::regclass::oid::int)";
+/// The --ordered lock, keyed by the table's oid, so two tables never share
+/// a lock and two spellings of one table always do; and the first look at
+/// pg_stat_activity (see `Outbox::before_claim`).
+const LOCK_AND_SEE_SESSIONS_SQL: &str = "SELECT pg_try_advisory_xact_lock(2052318419, $1::text::regclass::oid::int), \
+       (SELECT count(*) FROM pg_stat_activity)";
+
+/// --ordered-by-key takes no lock; the first look at pg_stat_activity only.
+pub const SEE_SESSIONS_SQL: &str = "SELECT true, (SELECT count(*) FROM pg_stat_activity)";
 
 #[cfg(test)]
 mod tests {
@@ -506,9 +695,10 @@ mod tests {
 
     #[test]
     fn only_a_claim_from_an_id_has_a_range_on_id() {
-        assert!(!claim_sql("t", false).contains("id >="));
-        assert!(claim_sql("t", true).contains("AND id >= $3::bigint "));
-        assert!(!ordered_claim_sql("t").contains("id >="));
+        let selected = selected(&Columns::default());
+        assert!(!claim_sql("t", &selected, false).contains("id >="));
+        assert!(claim_sql("t", &selected, true).contains("AND id >= $3::bigint "));
+        assert!(!ordered_claim_sql("t", &selected).contains("id >="));
     }
 
     #[test]
@@ -531,13 +721,8 @@ mod tests {
     #[test]
     fn a_batchs_range_holds_every_second_its_events_were_created_in() {
         let event = |created_at| Event {
-            id: 1,
-            event_id: "e".into(),
-            event_type: "t".into(),
-            payload: "{}".into(),
             created_at,
-            attempts: 0,
-            unreadable: None,
+            ..Event::default()
         };
         assert_eq!(
             Created::of(&[event(Some(20.0)), event(Some(10.0)), event(Some(15.0))]),
@@ -554,5 +739,36 @@ mod tests {
             }
         );
         assert_eq!(Created::of(&[]), Created::ALL);
+    }
+
+    #[test]
+    fn a_table_without_the_optional_columns_is_sent_the_claim_it_always_was() {
+        let sql = claim_sql(r#""app"."outbox""#, &selected(&Columns::default()), true);
+        assert_eq!(
+            sql,
+            "SELECT id::bigint, event_id::text, event_type::text, payload::text, \
+             floor(extract(epoch FROM created_at))::float8, attempts::bigint \
+             FROM \"app\".\"outbox\" \
+             WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now() \
+               AND id >= $3::bigint \
+             ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
+        );
+    }
+
+    #[test]
+    fn the_optional_columns_follow_the_fixed_six_in_the_order_they_are_read() {
+        let all = Columns {
+            headers: true,
+            routing_key: true,
+            ordering_key: true,
+            producer_xid: true,
+        };
+        let list = selected(&all);
+        assert!(
+            list.ends_with(
+                "attempts::bigint, headers::text, routing_key::text, ordering_key::text"
+            ),
+            "{list}"
+        );
     }
 }

@@ -22,7 +22,7 @@ use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use postgres::{Client, NoTls};
 use tokio::runtime::Runtime;
@@ -71,6 +71,17 @@ pub fn database_url_via(port: u16) -> String {
     format!("postgresql://{user}@127.0.0.1:{port}/{dbname}")
 }
 
+/// The database URL naming another database on the same server.
+pub fn database_url_in(dbname: &str) -> String {
+    let config: postgres::Config = database_url().parse().unwrap();
+    let user = config.get_user().unwrap_or("postgres");
+    let (host, port) = match &config.get_hosts()[0] {
+        postgres::config::Host::Tcp(host) => (host.clone(), config.get_ports()[0]),
+        other => panic!("tests need a TCP database host, not {other:?}"),
+    };
+    format!("postgresql://{user}@{host}:{port}/{dbname}")
+}
+
 pub fn amqp_url_via(port: u16) -> String {
     let uri: lapin::uri::AMQPUri = amqp_url().parse().unwrap();
     let user = &uri.authority.userinfo;
@@ -102,9 +113,25 @@ pub struct Message {
     pub delivery_mode: Option<u8>,
     pub timestamp: Option<u64>,
     pub app_id: Option<String>,
+    pub headers: Option<FieldTable>,
     pub routing_key: String,
     pub exchange: String,
     pub body: Vec<u8>,
+}
+
+impl Message {
+    /// The header `name`, if the message has it.
+    pub fn header(&self, name: &str) -> Option<&AMQPValue> {
+        self.headers.as_ref()?.inner().get(name)
+    }
+
+    /// The header `name` as text, if it is a string.
+    pub fn header_text(&self, name: &str) -> Option<String> {
+        match self.header(name)? {
+            AMQPValue::LongString(text) => Some(text.to_string()),
+            _ => None,
+        }
+    }
 }
 
 /// One outbox row, as the tests check it.
@@ -183,12 +210,25 @@ pub fn assert_one_clear_line(run: &Run) {
     }
 }
 
+/// The optional columns of an inserted event (Fixture::insert_extra).
+#[derive(Default, Clone, Copy)]
+pub struct Extra<'a> {
+    pub ordering_key: Option<&'a str>,
+    pub routing_key: Option<&'a str>,
+    /// JSON text.
+    pub headers: Option<&'a str>,
+}
+
 /// A test's own outbox table, exchange and queue.
 pub struct Fixture {
     pub schema: String,
     pub table: String,
     pub exchange: String,
     pub queue: String,
+    /// The database the table is in (see `isolated`).
+    pub database_url: String,
+    /// The database this fixture created, dropped with it.
+    own_database: Option<String>,
     pub db: Client,
     pub amqp: Amqp,
 }
@@ -223,11 +263,44 @@ impl Fixture {
         fixture
     }
 
+    /// Like `new`, in a database of its own, dropped with the fixture.
+    /// The ordered modes wait for every transaction of their database that
+    /// could still insert an event sorting first, so their tests cannot
+    /// share one with other tests, which hold transactions open.
+    pub fn isolated(test: &str) -> Fixture {
+        let fixture = Fixture::bare_isolated(test);
+        let run = fixture.run(&["migrate"]);
+        assert_eq!(run.code, 0, "migrate failed: {}", run.stderr);
+        fixture
+    }
+
     /// The schema, exchange and queue, but no table.
     pub fn bare(test: &str) -> Fixture {
+        Fixture::bare_in(test, false)
+    }
+
+    /// No table, in a database of its own (see `isolated`).
+    pub fn bare_isolated(test: &str) -> Fixture {
+        Fixture::bare_in(test, true)
+    }
+
+    fn bare_in(test: &str, isolated: bool) -> Fixture {
         let mut name: String = format!("t{}_{test}", std::process::id());
         name.truncate(60);
-        let mut db = connect_db();
+        let own_database = isolated.then(|| {
+            // Each its own statement: neither may run in a transaction.
+            let mut db = connect_db();
+            db.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                .unwrap();
+            db.batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE template0"))
+                .unwrap();
+            name.clone()
+        });
+        let database_url = match &own_database {
+            Some(database) => database_url_in(database),
+            None => database_url(),
+        };
+        let mut db = Client::connect(&database_url, NoTls).expect("connecting to the database");
         db.batch_execute(&format!(
             "DROP SCHEMA IF EXISTS \"{name}\" CASCADE; CREATE SCHEMA \"{name}\";"
         ))
@@ -239,9 +312,16 @@ impl Fixture {
             exchange: name.clone(),
             queue: name.clone(),
             schema: name,
+            database_url,
+            own_database,
             db,
             amqp,
         }
+    }
+
+    /// Another session on the fixture's database.
+    pub fn connect(&self) -> Client {
+        Client::connect(&self.database_url, NoTls).expect("connecting to the database")
     }
 
     /// The binary, pointed at this fixture's table, exchange and servers,
@@ -258,7 +338,7 @@ impl Fixture {
         }
         command
             .env("RUST_BACKTRACE", "1")
-            .env("DATABASE_URL", database_url())
+            .env("DATABASE_URL", &self.database_url)
             .env("AMQP_URL", amqp_url())
             .env("OUTBOX_TABLE", &self.table)
             .env("OUTBOX_EXCHANGE", &self.exchange)
@@ -304,6 +384,21 @@ impl Fixture {
                     self.quoted_table()
                 ),
                 &[&event_id, &event_type, &payload],
+            )
+            .unwrap();
+    }
+
+    /// Inserts an event of type `order.created` with the optional columns
+    /// `extra` gives (the others NULL).
+    pub fn insert_extra(&mut self, event_id: &str, extra: Extra) {
+        self.db
+            .execute(
+                &format!(
+                    "INSERT INTO {} (event_id, event_type, payload, ordering_key, routing_key, headers) \
+                     VALUES ($1, 'order.created', '{{}}', $2, $3, $4::text::jsonb)",
+                    self.quoted_table()
+                ),
+                &[&event_id, &extra.ordering_key, &extra.routing_key, &extra.headers],
             )
             .unwrap();
     }
@@ -380,7 +475,7 @@ impl Fixture {
     /// Another session holding `event_id`'s row lock, as a concurrent run
     /// does between its claim and its commit, until `release`.
     pub fn hold_row(&self, event_id: &str) -> HeldRow {
-        let mut other = connect_db();
+        let mut other = self.connect();
         let sql = format!(
             "BEGIN; SELECT 1 FROM {} WHERE event_id = '{event_id}' FOR UPDATE",
             self.quoted_table()
@@ -410,10 +505,15 @@ impl Fixture {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        let _ = self.db.batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-            self.schema
-        ));
+        let _ = match &self.own_database {
+            Some(database) => connect_db().batch_execute(&format!(
+                "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
+            )),
+            None => self.db.batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                self.schema
+            )),
+        };
         self.amqp.delete(&self.exchange, &self.queue);
     }
 }
@@ -585,6 +685,7 @@ impl Amqp {
                     delivery_mode: *properties.delivery_mode(),
                     timestamp: *properties.timestamp(),
                     app_id: text(properties.app_id()),
+                    headers: properties.headers().clone(),
                     routing_key: delivery.routing_key.to_string(),
                     exchange: delivery.exchange.to_string(),
                     body: delivery.data,
