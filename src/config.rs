@@ -9,9 +9,10 @@ use anyhow::{Result, anyhow};
 
 use crate::broker::publisher::BrokerConfig;
 use crate::cli::{Cli, DatabaseArgs, PollArgs};
-use crate::connect::amqp_url::amqp_uri;
-use crate::connect::database::STATEMENT_TIMEOUT;
-use crate::connect::libpq::{Env, database_config};
+use crate::connect::amqp_url::amqp_nodes;
+use crate::connect::conninfo::{self, Account, ConnInfo, SystemFiles};
+use crate::connect::database::{self, STATEMENT_TIMEOUT};
+use crate::connect::libpq::Env;
 use crate::exit;
 use crate::sql::table::TableName;
 
@@ -30,7 +31,8 @@ const MAX_IN_FLIGHT: usize = 4;
 /// How to reach the outbox.
 #[derive(Debug, Clone)]
 pub struct Database {
-    pub config: postgres::Config,
+    /// libpq's connection model: the hosts to try, TLS, the login.
+    pub conninfo: ConnInfo,
     pub table: TableName,
     pub max_attempts: i32,
     pub connect_timeout: Duration,
@@ -40,6 +42,9 @@ pub struct Database {
 #[derive(Debug, Clone)]
 pub struct Relay {
     pub broker: BrokerConfig,
+    /// The longest a PostgreSQL connect can take (Database::connect_budget),
+    /// for the sessions a drain opens while a batch waits.
+    pub session_connect_budget: Duration,
     pub batch_size: i64,
     pub drain: bool,
     /// How many batches a drain may have in flight at once.
@@ -53,11 +58,23 @@ pub struct Relay {
 
 impl Database {
     pub fn from_args(args: &DatabaseArgs, env: Env) -> Result<Self> {
-        let config = database_config(args.database_url.as_deref(), env).map_err(exit::config)?;
+        let account = Account::current(&SystemFiles);
+        let conninfo = conninfo::resolve(
+            args.database_url.as_deref(),
+            env,
+            &SystemFiles,
+            account.as_ref(),
+        )
+        .map_err(exit::config)?;
+        // What libpq prints as a WARNING and carries on from (a password
+        // file others can read, ignored).
+        for warning in &conninfo.warnings {
+            log::warn!("{warning}");
+        }
         let table = TableName::parse(&args.table)
             .map_err(|why| exit::config(anyhow!("invalid table name {:?}: {why}", args.table)))?;
         Ok(Database {
-            config,
+            conninfo,
             table,
             max_attempts: args.max_attempts,
             connect_timeout: args.connect_timeout,
@@ -70,12 +87,18 @@ impl Database {
     pub fn command_idle_limit(&self) -> Duration {
         IDLE_MARGIN + self.connect_timeout
     }
+
+    /// The longest a connect can take: --connect-timeout for each host of
+    /// the list (see `connect::hosts`). Watchdog budgets include it.
+    pub fn connect_budget(&self) -> Duration {
+        database::connect_budget(&self.conninfo, self.connect_timeout)
+    }
 }
 
 impl Relay {
     pub fn from_cli(cli: &Cli, database: &Database) -> Result<Self> {
         let args: &PollArgs = &cli.poll;
-        let uri = amqp_uri(&args.amqp_url).map_err(exit::config)?;
+        let nodes = amqp_nodes(&args.amqp_url).map_err(exit::config)?;
         if args.exchange.len() > MAX_EXCHANGE_BYTES {
             return Err(exit::config(anyhow!(
                 "the exchange name is longer than AMQP's {MAX_EXCHANGE_BYTES} bytes"
@@ -85,12 +108,13 @@ impl Relay {
         let drain = args.drain && !args.dry_run;
         Ok(Relay {
             broker: BrokerConfig {
-                uri,
+                nodes,
                 exchange: args.exchange.clone(),
                 declare_exchange: args.declare_exchange,
                 connect_timeout: database.connect_timeout,
                 confirm_timeout: args.confirm_timeout,
             },
+            session_connect_budget: database.connect_budget(),
             batch_size: i64::from(args.batch_size),
             drain,
             in_flight: in_flight(args.batch_size, drain, args.ordered),
@@ -105,29 +129,45 @@ impl Relay {
     /// While a batch waits for the broker its transaction is idle; the
     /// limit must outlive the longest legitimate wait, or the server would
     /// end the transaction between publishing and marking. That wait is the
-    /// broker connect and its channel (--connect-timeout each), then the
-    /// confirms. In a drain, the run also works on its other batches in
-    /// flight meanwhile: each may open its session and its channel
-    /// (--connect-timeout each, as a drain starts), and for each the run
-    /// marks and commits the batch ahead and claims the next one (a
-    /// statement's time each). The confirms of the batches ahead of this
-    /// one are due before its own.
+    /// broker connect (--connect-timeout for each node of the list) and its
+    /// channel (--connect-timeout), then the confirms. In a drain, the run
+    /// also works on its other batches in flight meanwhile: each may open
+    /// its session (--connect-timeout for each host of the database's list)
+    /// and its channel (as a drain starts), and for each the run marks and
+    /// commits the batch ahead and claims the next one (a statement's time
+    /// each). The confirms of the batches ahead of this one are due before
+    /// its own.
     pub fn batch_idle_limit(&self) -> Duration {
         let broker = &self.broker;
         batch_idle_limit_of(
-            broker.connect_timeout,
-            broker.confirm_timeout,
+            Waits {
+                session: self.session_connect_budget,
+                broker: broker.connect_budget(),
+                channel: broker.connect_timeout,
+                confirm: broker.confirm_timeout,
+            },
             self.in_flight,
         )
     }
 }
 
-/// Relay::batch_idle_limit, from --connect-timeout, --confirm-timeout and
-/// the batches in flight.
-fn batch_idle_limit_of(connect: Duration, confirm: Duration, in_flight: usize) -> Duration {
+/// The waits that add up to a batch's idle limit.
+struct Waits {
+    /// Opening a PostgreSQL session.
+    session: Duration,
+    /// Connecting to the broker.
+    broker: Duration,
+    /// Opening a channel.
+    channel: Duration,
+    /// A batch's confirms.
+    confirm: Duration,
+}
+
+/// Relay::batch_idle_limit, from the waits and the batches in flight.
+fn batch_idle_limit_of(waits: Waits, in_flight: usize) -> Duration {
     let others = u32::try_from(in_flight - 1).unwrap_or(u32::MAX);
-    let other = 2 * connect + 2 * STATEMENT_TIMEOUT;
-    IDLE_MARGIN + 2 * connect + confirm + other * others
+    let other = waits.session + waits.channel + 2 * STATEMENT_TIMEOUT;
+    IDLE_MARGIN + waits.broker + waits.channel + waits.confirm + other * others
 }
 
 /// How many batches a run may have in flight. Small batches need more of
@@ -145,16 +185,30 @@ pub fn in_flight(batch_size: u32, drain: bool, ordered: bool) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{Duration, batch_idle_limit_of, in_flight};
+    use super::{Duration, Waits, batch_idle_limit_of, in_flight};
+
+    /// The waits with the defaults (--connect-timeout 10s, --confirm-timeout
+    /// 30s), `hosts` database hosts and `nodes` broker nodes.
+    fn waits(hosts: u64, nodes: u64) -> Waits {
+        Waits {
+            session: Duration::from_secs(10 * hosts),
+            broker: Duration::from_secs(10 * nodes),
+            channel: Duration::from_secs(10),
+            confirm: Duration::from_secs(30),
+        }
+    }
 
     #[test]
     fn the_idle_limit_grows_with_the_batches_in_flight() {
-        // The defaults: --connect-timeout 10s, --confirm-timeout 30s.
-        let secs = |in_flight| {
-            batch_idle_limit_of(Duration::from_secs(10), Duration::from_secs(30), in_flight)
-                .as_secs()
-        };
+        let secs = |in_flight| batch_idle_limit_of(waits(1, 1), in_flight).as_secs();
         assert_eq!((secs(1), secs(2), secs(4)), (80, 160, 320));
+    }
+
+    #[test]
+    fn the_idle_limit_outlives_a_connect_through_every_host_and_node() {
+        let secs =
+            |hosts, nodes, in_flight| batch_idle_limit_of(waits(hosts, nodes), in_flight).as_secs();
+        assert_eq!((secs(1, 3, 1), secs(2, 1, 2)), (100, 170));
     }
 
     #[test]

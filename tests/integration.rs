@@ -5,11 +5,12 @@
 
 mod common;
 
+mod broker_connect;
+mod database_connect;
 mod delivery;
 mod errors;
 mod faults;
 mod generated;
-mod infra;
 mod metrics;
 mod migrate;
 mod operators;

@@ -6,6 +6,7 @@
 //! `round` is one pipelined round of publishes and confirms; `message`
 //! builds the AMQP message from a row.
 
+pub mod alarm;
 pub mod message;
 pub mod publisher;
 pub mod round;
@@ -13,6 +14,7 @@ pub mod round;
 use anyhow::{Result, anyhow};
 
 use crate::broker::publisher::{BrokerConfig, Outcome, Publisher, Sent};
+use crate::guard::stop::Stop;
 use crate::sql::outbox::Event;
 
 /// The broker connection of a run, opened on the first batch that has
@@ -21,13 +23,16 @@ use crate::sql::outbox::Event;
 pub struct Broker {
     config: BrokerConfig,
     publisher: Option<Publisher>,
+    /// A signal ends the connect at once.
+    stop: Stop,
 }
 
 impl Broker {
-    pub fn new(config: BrokerConfig) -> Self {
+    pub fn new(config: BrokerConfig, stop: Stop) -> Self {
         Broker {
             config,
             publisher: None,
+            stop,
         }
     }
 
@@ -36,7 +41,7 @@ impl Broker {
     pub fn send(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
         let publisher = match self.publisher.take() {
             Some(publisher) => publisher,
-            None => Publisher::connect(&self.config)?,
+            None => Publisher::connect(&self.config, &self.stop)?,
         };
         self.publisher.insert(publisher).send(events, ordered)
     }

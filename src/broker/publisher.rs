@@ -12,15 +12,18 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::uri::AMQPUri;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection};
 use tokio::runtime::Runtime;
 use tokio::time::{Instant, timeout, timeout_at};
 
+use crate::broker::alarm::Alarm;
 use crate::broker::round::{Issued, await_round, issue_round, publish_round};
 use crate::cli::ExchangeKind;
-use crate::connect::amqp_url::describe_broker;
+use crate::connect::amqp::{connect_first, refusal};
+use crate::connect::amqp_url::{AmqpNode, describe_broker};
+use crate::connect::wait::{self, Waited};
 use crate::exit::{self, classify};
+use crate::guard::stop::Stop;
 use crate::sql::outbox::Event;
 
 /// Closing politely is a courtesy to the broker's logs, not a correctness
@@ -30,11 +33,19 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Where and how to publish.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
-    pub uri: AMQPUri,
+    /// The nodes of the cluster, tried in order.
+    pub nodes: Vec<AmqpNode>,
     pub exchange: String,
     pub declare_exchange: Option<ExchangeKind>,
     pub connect_timeout: Duration,
     pub confirm_timeout: Duration,
+}
+
+impl BrokerConfig {
+    /// The longest the connect can take: --connect-timeout for each node.
+    pub fn connect_budget(&self) -> Duration {
+        self.connect_timeout * u32::try_from(self.nodes.len()).unwrap_or(u32::MAX)
+    }
 }
 
 /// What the broker said about a batch.
@@ -58,6 +69,9 @@ pub struct Publisher {
     /// can never be blamed for another's unroutable or oversized message.
     idle: Vec<Channel>,
     config: BrokerConfig,
+    /// The node that accepted, for messages.
+    broker: String,
+    alarm: Alarm,
 }
 
 /// A batch handed to the broker, its confirms not yet awaited.
@@ -75,46 +89,50 @@ pub enum Sent {
 }
 
 impl Publisher {
-    /// Connects, checks (or declares) the exchange and enables confirms,
-    /// all within --connect-timeout: lapin has no connect timeout of its own.
-    pub fn connect(config: &BrokerConfig) -> Result<Self> {
+    /// Connects to the first node that accepts, then checks (or declares)
+    /// the exchange and enables confirms, each within --connect-timeout:
+    /// lapin has no connect timeout of its own. A signal ends the wait at
+    /// once (`stop`).
+    pub fn connect(config: &BrokerConfig, stop: &Stop) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("amqp")
             .enable_all()
             .build()
             .context("starting the AMQP runtime")?;
-        let broker = describe_broker(&config.uri);
-        let (connection, channel) = runtime.block_on(async {
-            let properties =
-                ConnectionProperties::default().with_connection_name("outbox-poll".into());
-            let connection = timeout(
-                config.connect_timeout,
-                Connection::connect_uri(config.uri.clone(), properties),
-            )
-            .await
-            .map_err(|_| {
-                exit::outage(anyhow!(
-                    "cannot connect to RabbitMQ at {broker}: no answer within {}; check that \
-                         the broker is up and AMQP_URL is right",
-                    humantime::format_duration(config.connect_timeout)
-                ))
-            })?
-            .map_err(|error| connect_error(&error, &broker))?;
-            let channel = timeout(config.connect_timeout, open_channel(&connection, config))
-                .await
-                .map_err(|_| {
-                    exit::outage(anyhow!(
+        let (connection, broker, channel) = runtime.block_on(async {
+            let (connection, index) =
+                connect_first(&config.nodes, config.connect_timeout, stop).await?;
+            let broker = describe_broker(&config.nodes[index].uri);
+            let opened = open_channel(&connection, config, &broker);
+            let channel = match wait::on_future(config.connect_timeout, stop, opened).await {
+                Waited::Done(channel) => channel?,
+                Waited::TimedOut => {
+                    return Err(exit::outage(anyhow!(
                         "RabbitMQ at {broker} did not open a channel in time"
-                    ))
-                })??;
-            Ok::<_, anyhow::Error>((connection, channel))
+                    )));
+                }
+                Waited::Stopped(exit) => {
+                    return Err(wait::stopped_while(
+                        exit,
+                        &format!(
+                            "opening a channel on RabbitMQ at {broker}; nothing was published"
+                        ),
+                    ));
+                }
+            };
+            Ok::<_, anyhow::Error>((connection, broker, channel))
         })?;
+        // Taken now: lapin tells only the listeners that exist when
+        // connection.blocked comes.
+        let alarm = Alarm::watch(&connection, &runtime);
         Ok(Publisher {
             runtime,
             connection,
             idle: vec![channel],
             config: config.clone(),
+            broker,
+            alarm,
         })
     }
 
@@ -129,9 +147,13 @@ impl Publisher {
         let channel = self.take_channel()?;
         let deadline = Instant::now() + self.config.confirm_timeout;
         let all: Vec<&Event> = events.iter().collect();
-        let first =
-            self.runtime
-                .block_on(issue_round(&channel, &self.config.exchange, &all, deadline));
+        let first = self.runtime.block_on(issue_round(
+            &channel,
+            &self.config.exchange,
+            &all,
+            deadline,
+            &self.alarm,
+        ));
         Ok(Sent::Pipelined {
             channel,
             first: Box::new(first),
@@ -170,14 +192,19 @@ impl Publisher {
     ) -> Outcome {
         let mut outcome = Outcome::default();
         let mut rest: Vec<&Event> = events.iter().collect();
-        let mut result = self.runtime.block_on(await_round(first, &rest, deadline));
+        let mut result = self
+            .runtime
+            .block_on(await_round(first, &rest, deadline, &self.alarm));
         let mut sent = rest.len();
         let mut alone = false;
         loop {
             outcome.confirmed.extend(result.confirmed);
             outcome.failed.extend(result.failed);
             if let Some(error) = result.error {
-                if result.timed_out || !self.channel_closed_by_broker(&error, alone) {
+                if result.timed_out
+                    || result.blocked
+                    || !self.channel_closed_by_broker(&error, alone)
+                {
                     outcome.outage = Some(self.outage(error, result.timed_out));
                     return outcome; // the channel goes with the connection
                 }
@@ -209,6 +236,7 @@ impl Publisher {
                 &self.config.exchange,
                 round,
                 deadline,
+                &self.alarm,
             ));
         }
         self.idle.push(channel);
@@ -235,12 +263,16 @@ impl Publisher {
                 &self.config.exchange,
                 &[event],
                 deadline,
+                &self.alarm,
             ));
             outcome.confirmed.extend(result.confirmed);
             let failed = !result.failed.is_empty();
             outcome.failed.extend(result.failed);
             if let Some(error) = result.error {
-                if result.timed_out || !self.channel_closed_by_broker(&error, true) {
+                if result.timed_out
+                    || result.blocked
+                    || !self.channel_closed_by_broker(&error, true)
+                {
                     outcome.outage = Some(self.outage(error, result.timed_out));
                     return outcome;
                 }
@@ -262,12 +294,15 @@ impl Publisher {
         outcome
     }
 
-    /// Closes the connection cleanly; errors here change nothing.
+    /// Closes the connection cleanly; errors here change nothing. A broker
+    /// that blocked us reads nothing, the close included: it is not tried.
     pub fn close(self) {
         let connection = self.connection;
-        let _ = self
-            .runtime
-            .block_on(async { timeout(CLOSE_TIMEOUT, connection.close(200, "bye".into())).await });
+        if self.alarm.reason().is_none() {
+            let _ = self.runtime.block_on(async {
+                timeout(CLOSE_TIMEOUT, connection.close(200, "bye".into())).await
+            });
+        }
         // Dropping the runtime would wait for its tasks, and after an outage
         // a task may still be stuck on a dead socket.
         self.runtime.shutdown_background();
@@ -292,14 +327,14 @@ impl Publisher {
         if let Some(channel) = self.idle.pop() {
             return Ok(channel);
         }
-        let broker = describe_broker(&self.config.uri);
+        let broker = &self.broker;
         // The timer must be made inside the runtime: tokio's timeout
         // panics when called outside one, so it goes in the async block.
         self.runtime
             .block_on(async {
                 timeout(
                     self.config.connect_timeout,
-                    open_channel(&self.connection, &self.config),
+                    open_channel(&self.connection, &self.config, broker),
                 )
                 .await
             })
@@ -315,14 +350,21 @@ impl Publisher {
     fn open_channel_by(&self, deadline: Instant) -> Result<Channel> {
         self.runtime
             .block_on(async {
-                timeout_at(deadline, open_channel(&self.connection, &self.config)).await
+                let opened = open_channel(&self.connection, &self.config, &self.broker);
+                timeout_at(deadline, opened).await
             })
             .map_err(|_| self.outage(anyhow!("reopening the channel"), true))?
     }
 
     fn outage(&self, error: anyhow::Error, timed_out: bool) -> anyhow::Error {
-        let broker = describe_broker(&self.config.uri);
-        if timed_out {
+        let broker = &self.broker;
+        if let Some(reason) = self.alarm.reason() {
+            exit::outage(anyhow!(
+                "RabbitMQ at {broker} blocked publishers ({reason}): a resource alarm, until \
+                 the broker has memory or disk space again; unconfirmed events were left as \
+                 they were and will be retried"
+            ))
+        } else if timed_out {
             exit::outage(anyhow!(
                 "RabbitMQ at {broker} did not confirm the batch within {} (--confirm-timeout); \
                  unconfirmed events were left as they were and will be retried",
@@ -343,14 +385,17 @@ fn culprit(event: &Event, error: &anyhow::Error) -> (i64, String) {
     (event.id, reason)
 }
 
-async fn open_channel(connection: &Connection, config: &BrokerConfig) -> Result<Channel> {
-    let broker = describe_broker(&config.uri);
+async fn open_channel(
+    connection: &Connection,
+    config: &BrokerConfig,
+    broker: &str,
+) -> Result<Channel> {
     let channel = connection.create_channel().await.map_err(|error| {
         exit::outage(anyhow!(
             "opening a channel on RabbitMQ at {broker}: {error}"
         ))
     })?;
-    check_exchange(&channel, config, &broker).await?;
+    check_exchange(&channel, config, broker).await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
@@ -412,30 +457,4 @@ async fn check_exchange(channel: &Channel, config: &BrokerConfig, broker: &str) 
                 ))
             }
         })
-}
-
-/// A refused login or a missing vhost needs the operator; anything else
-/// (refused TCP, reset, DNS, a broker shutting down) is an outage.
-fn connect_error(error: &lapin::Error, broker: &str) -> anyhow::Error {
-    let refused = matches!(error.kind(), lapin::ErrorKind::AuthProviderError(_))
-        || refusal(error) == Some(classify::Cause::Config);
-    if refused {
-        exit::config(anyhow!(
-            "cannot connect to RabbitMQ at {broker}: {error}; check the user, password and vhost in AMQP_URL"
-        ))
-    } else {
-        exit::outage(anyhow!(
-            "cannot connect to RabbitMQ at {broker}: {error}; check that the broker is up and AMQP_URL is right"
-        ))
-    }
-}
-
-/// What the broker's refusal says, by its reply code (see exit::classify);
-/// None when the error is not the broker's word at all (a socket, a
-/// timeout).
-fn refusal(error: &lapin::Error) -> Option<classify::Cause> {
-    match error.kind() {
-        lapin::ErrorKind::ProtocolError(amqp) => Some(classify::amqp(amqp.get_id())),
-        _ => None,
-    }
 }

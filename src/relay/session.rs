@@ -7,6 +7,7 @@ use postgres::Client;
 use crate::broker::publisher::Outcome;
 use crate::config::{Database, Relay};
 use crate::connect::database;
+use crate::guard::stop::Stop;
 use crate::sql::outbox::{Event, Outbox};
 
 pub struct Session {
@@ -15,11 +16,14 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn open(database: &Database, relay: &Relay) -> Result<Self> {
+    /// Connects (a signal ends the wait at once) and prepares the relay's
+    /// statements.
+    pub fn open(database: &Database, relay: &Relay, stop: &Stop) -> Result<Self> {
         let mut client = database::connect(
-            &database.config,
+            &database.conninfo,
             database.connect_timeout,
             relay.batch_idle_limit(),
+            Some(stop),
         )?;
         let outbox = Outbox::prepare(
             &mut client,
