@@ -197,6 +197,63 @@ fn sslmode_prefer_logs_in_in_plain_when_the_server_refuses_tls() {
 }
 
 #[test]
+fn sslmode_prefer_retries_in_plain_after_a_failed_handshake_as_psql_does() {
+    let fx = Fixture::new("pg_prefer_retry");
+    let (theirs, ours) = (TestCa::new(&["localhost"]), TestCa::new(&["localhost"]));
+    let start = || {
+        FakePostgres::start(Script {
+            tls: Tls::Accept(theirs.server_config(ClientAuth::None)),
+            ..Script::default()
+        })
+    };
+    let (for_psql, for_us) = (start(), start());
+    // A root file makes prefer check the chain (libpq's rule), and the
+    // server's certificate is not of that CA: the handshake fails.
+    let root = format!("sslrootcert={}", ours.ca_cert().display());
+    psql(for_psql.port(), &format!("sslmode=prefer {root}"), &[]);
+    let run = against_fake(&fx, for_us.port(), &format!("sslmode=prefer&{root}"), &[]);
+    assert_logged_in(&run, &for_us.received());
+    let shape = |received: Received| {
+        let Received {
+            connections,
+            ssl_requests,
+            tls_startups,
+            startups,
+            ..
+        } = received;
+        (connections, ssl_requests, tls_startups, startups.len())
+    };
+    assert_eq!(
+        shape(for_us.received()),
+        (2, 1, 0, 1),
+        "TLS failed, then plain"
+    );
+    assert_eq!(shape(for_psql.received()), shape(for_us.received()));
+}
+
+#[test]
+fn sslmode_allow_logs_in_in_plain_without_asking_for_tls() {
+    let fx = Fixture::new("pg_allow");
+    let ca = TestCa::new(&["localhost"]);
+    let server = FakePostgres::start(Script {
+        tls: Tls::Accept(ca.server_config(ClientAuth::None)),
+        ..Script::default()
+    });
+    let run = against_fake(&fx, server.port(), "sslmode=allow", &[]);
+    let received = server.received();
+    assert_logged_in(&run, &received);
+    assert_eq!((received.ssl_requests, received.tls_startups), (0, 0));
+}
+
+#[test]
+fn sslmode_require_over_the_local_socket_connects_without_tls_as_libpq_does() {
+    let mut fx = Fixture::new("pg_socket");
+    let url = "host=/var/run/postgresql user=postgres dbname=test sslmode=require";
+    let seen = session_of_a_held_run(&mut fx, &[("DATABASE_URL", url)]);
+    assert!(!seen.ssl);
+}
+
+#[test]
 fn a_client_certificate_is_presented_from_sslcert_and_sslkey() {
     let fx = Fixture::new("pg_client_cert");
     let ca = TestCa::new(&["localhost"]);

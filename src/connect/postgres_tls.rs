@@ -66,10 +66,12 @@ impl MakeTlsConnect<Socket> for Rustls {
 
     /// `domain` is the host as the operator wrote it: a name, checked
     /// against the certificate's names and sent as SNI, or an IP address,
-    /// checked against its IP addresses.
+    /// checked against its IP addresses. The driver asks before it knows
+    /// whether TLS will be used at all, with "" for a socket, so a name
+    /// TLS cannot check fails only a handshake that is actually tried.
     fn make_tls_connect(&mut self, domain: &str) -> io::Result<RustlsConnect> {
         let name = ServerName::try_from(domain.to_string())
-            .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
+            .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error));
         Ok(RustlsConnect {
             config: Arc::clone(&self.config),
             name,
@@ -80,7 +82,7 @@ impl MakeTlsConnect<Socket> for Rustls {
 
 pub struct RustlsConnect {
     config: Arc<ClientConfig>,
-    name: ServerName<'static>,
+    name: io::Result<ServerName<'static>>,
     handshake: Arc<Mutex<Handshake>>,
 }
 
@@ -98,7 +100,10 @@ impl TlsConnect<Socket> for RustlsConnect {
             handshake,
         } = self;
         Box::pin(async move {
-            let result = TlsConnector::from(config).connect(name, socket).await;
+            let result = match name {
+                Ok(name) => TlsConnector::from(config).connect(name, socket).await,
+                Err(error) => Err(error),
+            };
             let outcome = match &result {
                 Ok(_) => Handshake::Done,
                 Err(error) => {
