@@ -18,9 +18,11 @@
 //! BENCH_BATCHES (100,1000,5000), BENCH_SCALING (1,2,4: concurrent drains),
 //! BENCH_SCALING_BATCH (1000), BENCH_ONLY (a
 //! comma-separated subset of: limits,shapes,drain,naive,empty,memory,
-//! scaling).
+//! scaling,connect). `connect` (bench/connect.rs) times the empty run with
+//! sslmode=prefer (TLS) against sslmode=disable, BENCH_EMPTY_RUNS of each.
 
 mod common;
+mod connect;
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -362,6 +364,10 @@ fn main() {
         let at = |q: f64| times[((times.len() as f64 - 1.0) * q).round() as usize];
         empty = Some((times.len(), at(0.5), at(0.9), times[0]));
     }
+    let by_sslmode = fx
+        .settings
+        .wants("connect")
+        .then(|| connect::empty_runs(&mut fx));
 
     println!();
     header();
@@ -374,6 +380,9 @@ fn main() {
             "empty run (start, connect, claim nothing, exit), {runs} runs: \
              median {median:.1} ms, p90 {p90:.1} ms, min {min:.1} ms"
         );
+    }
+    if let Some(figures) = &by_sslmode {
+        connect::print(figures);
     }
     println!("\ntotal bench time {:.0}s", started.elapsed().as_secs_f64());
     let failed = FAILED.load(std::sync::atomic::Ordering::SeqCst);

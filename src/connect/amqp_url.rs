@@ -193,6 +193,7 @@ fn amqps(uri: &AMQPUri, shown: &str, query: &dyn Fn(&str) -> Option<String>) -> 
             check_name: true,
             identity,
             sni,
+            p256_first: false,
         },
         server_name,
     })

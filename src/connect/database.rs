@@ -106,6 +106,7 @@ fn tls_settings(info: &ConnInfo) -> tls::Settings {
             key: client.key.clone(),
         }),
         sni: true,
+        p256_first: true,
     }
 }
 

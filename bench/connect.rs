@@ -1,0 +1,92 @@
+//! The cost of TLS to PostgreSQL: the empty run (start, connect, claim
+//! nothing, exit) with the default sslmode=prefer, which makes a TLS
+//! session with a server that has `ssl = on`, against the same run with
+//! sslmode=disable, in the same bench run. The two are interleaved, so a
+//! machine getting busier weighs on both alike. Goal: prefer within 1.5x
+//! of disable (median).
+//!
+//! The mode is given as PGSSLMODE, which BENCH_DATABASE_URL must not
+//! override with an sslmode of its own.
+
+use std::process::Stdio;
+use std::time::Instant;
+
+use crate::common::{Fixture, check};
+
+/// Median, p90 and fastest of one mode's runs, in milliseconds.
+pub struct Times {
+    pub median: f64,
+    pub p90: f64,
+    pub min: f64,
+}
+
+/// Both modes' figures, `runs` of each.
+pub struct Connect {
+    pub runs: usize,
+    pub prefer: Times,
+    pub disable: Times,
+}
+
+pub fn empty_runs(fx: &mut Fixture) -> Connect {
+    fx.fill(0, 200);
+    let runs = fx.settings.empty_runs;
+    let mut prefer = Vec::with_capacity(runs);
+    let mut disable = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        prefer.push(one_run(fx, "prefer"));
+        disable.push(one_run(fx, "disable"));
+    }
+    Connect {
+        runs,
+        prefer: times(prefer),
+        disable: times(disable),
+    }
+}
+
+/// One empty run with `sslmode`, in milliseconds.
+fn one_run(fx: &Fixture, sslmode: &str) -> f64 {
+    let started = Instant::now();
+    let status = fx
+        .command()
+        .env("PGSSLMODE", sslmode)
+        .stdout(Stdio::null())
+        .status()
+        .expect("running outbox-poll");
+    let millis = started.elapsed().as_secs_f64() * 1000.0;
+    check(
+        !status.success(),
+        &format!("the empty run with sslmode={sslmode} failed"),
+    );
+    millis
+}
+
+fn times(mut millis: Vec<f64>) -> Times {
+    millis.sort_by(f64::total_cmp);
+    let at = |q: f64| millis[((millis.len() as f64 - 1.0) * q).round() as usize];
+    Times {
+        median: at(0.5),
+        p90: at(0.9),
+        min: millis[0],
+    }
+}
+
+pub fn print(figures: &Connect) {
+    let Connect {
+        runs,
+        prefer,
+        disable,
+    } = figures;
+    println!();
+    println!("empty run by sslmode, {runs} runs each, interleaved:");
+    for (mode, times) in [("prefer (TLS)", prefer), ("disable", disable)] {
+        println!(
+            "  sslmode={mode:<13} median {:.1} ms, p90 {:.1} ms, min {:.1} ms",
+            times.median, times.p90, times.min
+        );
+    }
+    println!(
+        "  prefer / disable: median {:.2}x, p90 {:.2}x (goal: median <= 1.5x)",
+        prefer.median / disable.median,
+        prefer.p90 / disable.p90
+    );
+}
