@@ -452,7 +452,7 @@ fn advice_for(attrs: TargetSessionAttrs) -> &'static str {
     match attrs {
         TargetSessionAttrs::ReadWrite | TargetSessionAttrs::Primary => {
             "list the primary's host too (the hosts are tried in turn), or wait until \
-             failover promotes a standby; the run will try again"
+             failover promotes a standby: the next run tries again"
         }
         _ => "list a standby's host too (the hosts are tried in turn)",
     }

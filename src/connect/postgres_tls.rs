@@ -9,6 +9,10 @@
 //! configuration problem (exit 78), not an outage. So each attempt shares
 //! a `Handshake` record with its connector and reads it afterwards.
 //!
+//! Ours rather than tokio-postgres-rustls, which compiles ring (a second
+//! crypto library beside lapin's aws-lc) and x509-cert for its channel
+//! binding.
+//!
 //! No channel binding: the driver then answers a SCRAM-SHA-256-PLUS offer
 //! with plain SCRAM-SHA-256 saying it does not support binding, which
 //! servers accept (`channel_binding=require` is refused by conninfo).
