@@ -94,8 +94,10 @@ pub fn connect(request: &Request) -> Result<Client> {
     };
     let mut unreachable = Vec::new();
     let mut unsuitable = Vec::new();
+    // The last pass decides: prefer-standby's second takes any server.
     for &wanted in passes {
         unreachable.clear();
+        unsuitable.clear();
         for target in &info.targets {
             match try_host(request, target, wanted)? {
                 HostEnd::Connected(client) => return Ok(*client),
