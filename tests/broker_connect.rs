@@ -239,6 +239,7 @@ fn sigint_while_the_broker_does_not_answer_the_connect_exits_130_at_once() {
     assert_eq!(run.code, 130, "{}", run.stderr);
     assert!(took < Duration::from_secs(2), "took {took:?} after SIGINT");
     assert_eq!(run.field("exit_code"), 130);
+    assert_eq!(run.stderr.lines().count(), 1, "one line: {}", run.stderr);
     assert!(
         run.stderr
             .contains("stopped by SIGINT while connecting to RabbitMQ"),

@@ -441,6 +441,7 @@ fn sigterm_while_the_database_does_not_answer_the_connect_exits_143_at_once() {
     assert_eq!(run.code, 143, "{}", run.stderr);
     assert!(took < Duration::from_secs(2), "took {took:?} after SIGTERM");
     assert_eq!(run.field("exit_code"), 143);
+    assert_eq!(run.stderr.lines().count(), 1, "one line: {}", run.stderr);
     assert!(
         run.stderr
             .contains("stopped by SIGTERM while connecting to PostgreSQL"),

@@ -53,7 +53,7 @@ pub async fn connect_first(
             Waited::Done(Ok(connection)) => {
                 for earlier in &failures {
                     let NodeFailure { broker, why, .. } = earlier;
-                    log::warn!("RabbitMQ at {broker} was passed over: {why}");
+                    log::info!("RabbitMQ at {broker} was passed over: {why}");
                 }
                 return Ok((connection, index));
             }
