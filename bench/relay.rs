@@ -29,11 +29,14 @@
 //! BENCH_FEW_KEYS_EVENTS (20000: the 10-key by_key run), BENCH_INSERT_ROWS
 //! (20000), the settings of bench/scale.rs, and BENCH_ONLY (a
 //! comma-separated subset of: limits,shapes,drain,delete,naive,scaling,
-//! memory,large,empty,latency,trigger,ordered,by_key,inserts,size,
+//! memory,large,empty,connect,latency,trigger,ordered,by_key,inserts,size,
 //! partitions; without it, all but size and partitions, which fill
-//! millions of rows). The ordered modes' sections are in bench/ordering.rs.
+//! millions of rows). The ordered modes' sections are in bench/ordering.rs;
+//! `connect` (bench/connect.rs) times the empty run with sslmode=prefer
+//! (TLS) against sslmode=disable, BENCH_EMPTY_RUNS of each.
 
 mod common;
+mod connect;
 mod latency;
 mod memory;
 mod ordering;
@@ -49,19 +52,20 @@ use lapin::{Channel, Confirmation};
 use outbox_poll::broker::message::{Outgoing, outgoing};
 use outbox_poll::cli::{DEFAULT_MAX_ATTEMPTS, OnPublish};
 use outbox_poll::config::in_flight;
-use outbox_poll::relay::session::generic_plans;
+use outbox_poll::relay::session::GENERIC_PLANS;
 use outbox_poll::sql::outbox::{Event, Order, Outbox, Start};
 use outbox_poll::sql::table::TableName;
 use postgres::{Client, NoTls};
 
 /// A session of the bench's own, planning as the relay's sessions do.
 fn relay_session(fx: &Fixture) -> Client {
-    let config = fx
+    let mut config: postgres::Config = fx
         .settings
         .database_url
         .parse()
         .expect("BENCH_DATABASE_URL");
-    generic_plans(&config)
+    config
+        .options(GENERIC_PLANS)
         .connect(NoTls)
         .expect("connecting to PostgreSQL")
 }
@@ -500,6 +504,9 @@ fn main() {
     }
     if wants(&fx, "empty") {
         empty(&mut fx, &mut results);
+    }
+    if wants(&fx, "connect") {
+        results.block(connect::empty_runs(&mut fx));
     }
     if wants(&fx, "latency") {
         results.block(latency::latency(&mut fx));

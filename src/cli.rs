@@ -153,7 +153,9 @@ pub struct PruneArgs {
 /// Options every subcommand needs to find the outbox.
 #[derive(Args, Debug)]
 pub struct DatabaseArgs {
-    /// PostgreSQL URL or key=value string; without it, libpq's PG* variables.
+    /// PostgreSQL URL or key=value string, as libpq reads it (several hosts,
+    /// sslmode, target_session_attrs...); without it, libpq's PG* variables
+    /// and files.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
 
@@ -175,7 +177,9 @@ pub struct DatabaseArgs {
 /// Options of the poll run itself.
 #[derive(Args, Debug)]
 pub struct PollArgs {
-    /// RabbitMQ URL.
+    /// RabbitMQ URL, or several (the nodes of one cluster, tried in order)
+    /// separated by commas or spaces; amqps:// takes cacertfile, certfile,
+    /// keyfile, verify and server_name_indication.
     #[arg(
         long,
         env = "AMQP_URL",

@@ -9,9 +9,10 @@ use anyhow::{Result, anyhow};
 
 use crate::broker::publisher::BrokerConfig;
 use crate::cli::{Cli, DatabaseArgs, OnPublish, PollArgs};
-use crate::connect::amqp_url::amqp_uri;
-use crate::connect::database::STATEMENT_TIMEOUT;
-use crate::connect::libpq::{Env, database_config};
+use crate::connect::amqp_url::amqp_nodes;
+use crate::connect::conninfo::{self, Account, ConnInfo, SystemFiles};
+use crate::connect::database::{self, STATEMENT_TIMEOUT};
+use crate::connect::libpq::Env;
 use crate::exit;
 use crate::sql::outbox::Order;
 use crate::sql::table::TableName;
@@ -27,11 +28,14 @@ const IDLE_MARGIN: Duration = Duration::from_secs(30);
 const IN_FLIGHT_EVENTS: u32 = 400;
 /// Each batch in flight holds a PostgreSQL session of its own.
 const MAX_IN_FLIGHT: usize = 4;
+/// idle_in_transaction_session_timeout is an int of milliseconds.
+const MAX_IDLE_LIMIT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// How to reach the outbox.
 #[derive(Debug, Clone)]
 pub struct Database {
-    pub config: postgres::Config,
+    /// libpq's connection model: the hosts to try, TLS, the login.
+    pub conninfo: ConnInfo,
     pub table: TableName,
     pub max_attempts: i32,
     pub connect_timeout: Duration,
@@ -41,6 +45,9 @@ pub struct Database {
 #[derive(Debug, Clone)]
 pub struct Relay {
     pub broker: BrokerConfig,
+    /// The longest a PostgreSQL connect can take (Database::connect_budget),
+    /// for the sessions a drain opens while a batch waits.
+    pub session_connect_budget: Duration,
     pub batch_size: i64,
     /// Payload bytes one batch, and all a drain has in flight, may hold.
     pub batch_bytes: i64,
@@ -61,11 +68,23 @@ pub struct Relay {
 
 impl Database {
     pub fn from_args(args: &DatabaseArgs, env: Env) -> Result<Self> {
-        let config = database_config(args.database_url.as_deref(), env).map_err(exit::config)?;
+        let account = Account::current(&SystemFiles);
+        let conninfo = conninfo::resolve(
+            args.database_url.as_deref(),
+            env,
+            &SystemFiles,
+            account.as_ref(),
+        )
+        .map_err(exit::config)?;
+        // What libpq prints as a WARNING and carries on from (a password
+        // file others can read, ignored).
+        for warning in &conninfo.warnings {
+            log::warn!("{warning}");
+        }
         let table = TableName::parse(&args.table)
             .map_err(|why| exit::config(anyhow!("invalid table name {:?}: {why}", args.table)))?;
         Ok(Database {
-            config,
+            conninfo,
             table,
             max_attempts: args.max_attempts,
             connect_timeout: args.connect_timeout,
@@ -78,12 +97,18 @@ impl Database {
     pub fn command_idle_limit(&self) -> Duration {
         IDLE_MARGIN + self.connect_timeout
     }
+
+    /// The longest a connect can take: --connect-timeout for each host of
+    /// the list (see `connect::hosts`). Watchdog budgets include it.
+    pub fn connect_budget(&self) -> Duration {
+        database::connect_budget(&self.conninfo, self.connect_timeout)
+    }
 }
 
 impl Relay {
     pub fn from_cli(cli: &Cli, database: &Database) -> Result<Self> {
         let args: &PollArgs = &cli.poll;
-        let uri = amqp_uri(&args.amqp_url).map_err(exit::config)?;
+        let nodes = amqp_nodes(&args.amqp_url).map_err(exit::config)?;
         if args.exchange.len() > MAX_EXCHANGE_BYTES {
             return Err(exit::config(anyhow!(
                 "the exchange name is longer than AMQP's {MAX_EXCHANGE_BYTES} bytes"
@@ -93,14 +118,15 @@ impl Relay {
         // nothing to follow.
         let follow = args.follow && !args.dry_run;
         let drain = (args.drain || follow) && !args.dry_run;
-        Ok(Relay {
+        let relay = Relay {
             broker: BrokerConfig {
-                uri,
+                nodes,
                 exchange: args.exchange.clone(),
                 declare_exchange: args.declare_exchange,
                 connect_timeout: database.connect_timeout,
                 confirm_timeout: args.confirm_timeout,
             },
+            session_connect_budget: database.connect_budget(),
             batch_size: i64::from(args.batch_size),
             // At most 1 GiB, checked by clap.
             batch_bytes: i64::try_from(args.batch_bytes).unwrap_or(i64::MAX),
@@ -114,7 +140,22 @@ impl Relay {
             on_publish: args.on_publish,
             dry_run: args.dry_run,
             metrics_file: args.metrics_file.clone(),
-        })
+        };
+        // Each duration is bounded alone (cli.rs); their sum over long
+        // lists of hosts and nodes is checked here.
+        let idle = relay.batch_idle_limit();
+        if idle > MAX_IDLE_LIMIT {
+            return Err(exit::config(anyhow!(
+                "--connect-timeout and --confirm-timeout, over {} database host(s) and {} \
+                 broker node(s), make the idle-in-transaction limit {} longer than \
+                 PostgreSQL can hold ({}): lower --connect-timeout or --confirm-timeout",
+                database.conninfo.targets.len(),
+                relay.broker.nodes.len(),
+                humantime::format_duration(idle),
+                humantime::format_duration(MAX_IDLE_LIMIT)
+            )));
+        }
+        Ok(relay)
     }
 
     /// How the run claims its events.
@@ -129,29 +170,45 @@ impl Relay {
     /// While a batch waits for the broker its transaction is idle; the
     /// limit must outlive the longest legitimate wait, or the server would
     /// end the transaction between publishing and marking. That wait is the
-    /// broker connect and its channel (--connect-timeout each), then the
-    /// confirms. In a drain, the run also works on its other batches in
-    /// flight meanwhile: each may open its session and its channel
-    /// (--connect-timeout each, as a drain starts), and for each the run
-    /// marks and commits the batch ahead and claims the next one (a
-    /// statement's time each). The confirms of the batches ahead of this
-    /// one are due before its own.
+    /// broker connect (--connect-timeout for each node of the list) and its
+    /// channel (--connect-timeout), then the confirms. In a drain, the run
+    /// also works on its other batches in flight meanwhile: each may open
+    /// its session (--connect-timeout for each host of the database's list)
+    /// and its channel (as a drain starts), and for each the run marks and
+    /// commits the batch ahead and claims the next one (a statement's time
+    /// each). The confirms of the batches ahead of this one are due before
+    /// its own.
     pub fn batch_idle_limit(&self) -> Duration {
         let broker = &self.broker;
         batch_idle_limit_of(
-            broker.connect_timeout,
-            broker.confirm_timeout,
+            Waits {
+                session: self.session_connect_budget,
+                broker: broker.connect_budget(),
+                channel: broker.connect_timeout,
+                confirm: broker.confirm_timeout,
+            },
             self.in_flight,
         )
     }
 }
 
-/// Relay::batch_idle_limit, from --connect-timeout, --confirm-timeout and
-/// the batches in flight.
-fn batch_idle_limit_of(connect: Duration, confirm: Duration, in_flight: usize) -> Duration {
+/// The waits that add up to a batch's idle limit.
+struct Waits {
+    /// Opening a PostgreSQL session.
+    session: Duration,
+    /// Connecting to the broker.
+    broker: Duration,
+    /// Opening a channel.
+    channel: Duration,
+    /// A batch's confirms.
+    confirm: Duration,
+}
+
+/// Relay::batch_idle_limit, from the waits and the batches in flight.
+fn batch_idle_limit_of(waits: Waits, in_flight: usize) -> Duration {
     let others = u32::try_from(in_flight - 1).unwrap_or(u32::MAX);
-    let other = 2 * connect + 2 * STATEMENT_TIMEOUT;
-    IDLE_MARGIN + 2 * connect + confirm + other * others
+    let other = waits.session + waits.channel + 2 * STATEMENT_TIMEOUT;
+    IDLE_MARGIN + waits.broker + waits.channel + waits.confirm + other * others
 }
 
 /// How many batches a run may have in flight. Small batches need more of
@@ -172,23 +229,42 @@ pub fn in_flight(batch_size: u32, drain: bool, ordered: bool) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{Duration, MAX_IN_FLIGHT, batch_idle_limit_of, in_flight};
+    use super::{Duration, MAX_IDLE_LIMIT, MAX_IN_FLIGHT, Waits, batch_idle_limit_of, in_flight};
     use crate::cli::MAX_TIMEOUT;
 
+    /// The waits with the defaults (--connect-timeout 10s, --confirm-timeout
+    /// 30s), `hosts` database hosts and `nodes` broker nodes.
+    fn waits(hosts: u64, nodes: u64) -> Waits {
+        Waits {
+            session: Duration::from_secs(10 * hosts),
+            broker: Duration::from_secs(10 * nodes),
+            channel: Duration::from_secs(10),
+            confirm: Duration::from_secs(30),
+        }
+    }
+
     #[test]
-    fn the_longest_timeouts_keep_the_idle_limit_within_postgresqls_int_of_milliseconds() {
-        let longest = batch_idle_limit_of(MAX_TIMEOUT, MAX_TIMEOUT, MAX_IN_FLIGHT);
-        assert!(longest.as_millis() <= i32::MAX as u128, "{longest:?}");
+    fn the_longest_timeouts_over_one_host_and_node_keep_the_idle_limit_within_postgresqls_int() {
+        let longest = Waits {
+            session: MAX_TIMEOUT,
+            broker: MAX_TIMEOUT,
+            channel: MAX_TIMEOUT,
+            confirm: MAX_TIMEOUT,
+        };
+        assert!(batch_idle_limit_of(longest, MAX_IN_FLIGHT) <= MAX_IDLE_LIMIT);
     }
 
     #[test]
     fn the_idle_limit_grows_with_the_batches_in_flight() {
-        // The defaults: --connect-timeout 10s, --confirm-timeout 30s.
-        let secs = |in_flight| {
-            batch_idle_limit_of(Duration::from_secs(10), Duration::from_secs(30), in_flight)
-                .as_secs()
-        };
+        let secs = |in_flight| batch_idle_limit_of(waits(1, 1), in_flight).as_secs();
         assert_eq!((secs(1), secs(2), secs(4)), (80, 160, 320));
+    }
+
+    #[test]
+    fn the_idle_limit_outlives_a_connect_through_every_host_and_node() {
+        let secs =
+            |hosts, nodes, in_flight| batch_idle_limit_of(waits(hosts, nodes), in_flight).as_secs();
+        assert_eq!((secs(1, 3, 1), secs(2, 1, 2)), (100, 170));
     }
 
     #[test]

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::proxy::{Direction, Proxy};
 use crate::common::{
-    Amqp, Fixture, Row, amqp_addr, amqp_url_via, database_addr, database_url_via, row, wait_until,
+    Amqp, Fixture, Row, amqp_addr, amqp_url_via, database_addr, database_url_via, row, signal,
+    wait_until,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
@@ -144,14 +145,6 @@ fn finish(child: Child, since: Instant) -> Done {
         child.wait_with_output().expect("waiting for outbox-poll"),
         since,
     )
-}
-
-fn signal(child: &Child, name: &str) {
-    let status = Command::new("kill")
-        .args([name, &child.id().to_string()])
-        .status()
-        .expect("running kill");
-    assert!(status.success(), "kill {name} failed");
 }
 
 /// Direct runs (no proxy) until every row is published, within `limit`.
@@ -636,9 +629,9 @@ fn sigint_during_a_drain_before_publishing_rolls_back_and_exits_130() {
     );
     assert!(wait_until(NO_HANG, || db.connections() == 1));
     sleep(Duration::from_millis(200));
-    signal(&child, "-INT");
+    signal(&child, "-INT"); // ends the run's wait for PostgreSQL at once
     sleep(Duration::from_millis(200));
-    db.resume(); // the run goes on, claims, sees the signal, rolls back
+    db.resume(); // too late: the run claimed nothing
     let done = finish(child, since);
     assert_eq!(done.code, 130, "{}", done.stderr);
     assert!(done.took < NO_HANG, "took {:?}", done.took);
@@ -828,7 +821,10 @@ fn a_commit_whose_answer_is_lost_says_its_outcome_is_unknown() {
     db.cut_after_sending(COMMIT);
     let metrics =
         std::env::temp_dir().join(format!("outbox-poll-{}-commit.prom", std::process::id()));
-    let env = env_via(None, Some(&db));
+    // In plain text, for the proxy to see the COMMIT go by (the default
+    // sslmode, prefer, would take TLS with this server).
+    let mut env = env_via(None, Some(&db));
+    env.push(("PGSSLMODE", "disable".into()));
     let done = run(
         &fx,
         &env,

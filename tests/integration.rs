@@ -5,16 +5,17 @@
 
 mod common;
 
+mod broker_connect;
 mod by_key;
 mod columns;
 mod commit_order;
+mod database_connect;
 mod delivery;
 mod environment;
 mod errors;
 mod faults;
 mod follow;
 mod generated;
-mod infra;
 mod memory;
 mod metrics;
 mod migrate;

@@ -218,3 +218,20 @@ fn a_dry_run_prints_a_payload_no_float_can_hold_as_stored() {
     let payload = run.stdout.split("\"payload\":").nth(1).unwrap_or_default();
     assert!(payload.starts_with("{\"n\": 1000"), "{}", run.stdout);
 }
+
+#[test]
+fn status_reports_odd_rows_held_back_from_the_ordered_modes() {
+    // In a database of its own, so that only this writer holds rows back.
+    let mut fx = Fixture::isolated("odd_created_at_held_back");
+    let mut writer = fx.connect();
+    writer
+        .batch_execute("BEGIN; SELECT pg_current_xact_id()")
+        .unwrap();
+    // Inserted after the writer took its xid: held back until it ends.
+    odd_timestamps(&mut fx);
+    let run = fx.run(&["status", "--json"]);
+    writer.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let held = run.summary()["ordered_held_back_s"].as_i64();
+    assert!(held.is_some_and(|age| age >= 0), "{}", run.stdout);
+}

@@ -7,6 +7,7 @@
 //! builds the AMQP message from a row, `headers` its headers from the
 //! optional headers column.
 
+pub mod alarm;
 pub mod headers;
 pub mod message;
 pub mod publisher;
@@ -15,6 +16,7 @@ pub mod round;
 use anyhow::{Result, anyhow};
 
 use crate::broker::publisher::{BrokerConfig, Outcome, Publisher, Sent};
+use crate::guard::stop::Stop;
 use crate::sql::outbox::Event;
 
 /// The broker connection of a run, opened on the first batch that has
@@ -23,13 +25,16 @@ use crate::sql::outbox::Event;
 pub struct Broker {
     config: BrokerConfig,
     publisher: Option<Publisher>,
+    /// A signal ends the connect at once.
+    stop: Stop,
 }
 
 impl Broker {
-    pub fn new(config: BrokerConfig) -> Self {
+    pub fn new(config: BrokerConfig, stop: Stop) -> Self {
         Broker {
             config,
             publisher: None,
+            stop,
         }
     }
 
@@ -38,7 +43,7 @@ impl Broker {
     pub fn send(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
         let publisher = match self.publisher.take() {
             Some(publisher) => publisher,
-            None => Publisher::connect(&self.config)?,
+            None => Publisher::connect(&self.config, &self.stop)?,
         };
         self.publisher.insert(publisher).send(events, ordered)
     }

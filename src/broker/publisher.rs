@@ -12,15 +12,18 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::uri::AMQPUri;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection};
 use tokio::runtime::Runtime;
 use tokio::time::{Instant, timeout, timeout_at};
 
+use crate::broker::alarm::Alarm;
 use crate::broker::round::{Issued, Round, await_round, issue_round, publish_round};
 use crate::cli::ExchangeKind;
-use crate::connect::amqp_url::describe_broker;
+use crate::connect::amqp::{connect_first, refusal, reply_code};
+use crate::connect::amqp_url::{AmqpNode, describe_broker};
+use crate::connect::wait::{self, Waited};
 use crate::exit::{self, classify};
+use crate::guard::stop::Stop;
 use crate::sql::outbox::Event;
 
 /// Closing politely is a courtesy to the broker's logs, not a correctness
@@ -30,11 +33,19 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Where and how to publish.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
-    pub uri: AMQPUri,
+    /// The nodes of the cluster, tried in order.
+    pub nodes: Vec<AmqpNode>,
     pub exchange: String,
     pub declare_exchange: Option<ExchangeKind>,
     pub connect_timeout: Duration,
     pub confirm_timeout: Duration,
+}
+
+impl BrokerConfig {
+    /// The longest the connect can take: --connect-timeout for each node.
+    pub fn connect_budget(&self) -> Duration {
+        self.connect_timeout * u32::try_from(self.nodes.len()).unwrap_or(u32::MAX)
+    }
 }
 
 /// What the broker said about a batch.
@@ -108,6 +119,9 @@ pub struct Publisher {
     /// can never be blamed for another's unroutable or oversized message.
     idle: Vec<Channel>,
     config: BrokerConfig,
+    /// The node that accepted, for messages.
+    broker: String,
+    alarm: Alarm,
 }
 
 /// A batch handed to the broker, its confirms not yet awaited.
@@ -125,46 +139,50 @@ pub enum Sent {
 }
 
 impl Publisher {
-    /// Connects, checks (or declares) the exchange and enables confirms,
-    /// all within --connect-timeout: lapin has no connect timeout of its own.
-    pub fn connect(config: &BrokerConfig) -> Result<Self> {
+    /// Connects to the first node that accepts, then checks (or declares)
+    /// the exchange and enables confirms, each within --connect-timeout:
+    /// lapin has no connect timeout of its own. A signal ends the wait at
+    /// once (`stop`).
+    pub fn connect(config: &BrokerConfig, stop: &Stop) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("amqp")
             .enable_all()
             .build()
             .context("starting the AMQP runtime")?;
-        let broker = describe_broker(&config.uri);
-        let (connection, channel) = runtime.block_on(async {
-            let properties =
-                ConnectionProperties::default().with_connection_name("outbox-poll".into());
-            let connection = timeout(
-                config.connect_timeout,
-                Connection::connect_uri(config.uri.clone(), properties),
-            )
-            .await
-            .map_err(|_| {
-                exit::outage(anyhow!(
-                    "cannot connect to RabbitMQ at {broker}: no answer within {}; check that \
-                         the broker is up and AMQP_URL is right",
-                    humantime::format_duration(config.connect_timeout)
-                ))
-            })?
-            .map_err(|error| connect_error(&error, &broker))?;
-            let channel = timeout(config.connect_timeout, open_channel(&connection, config))
-                .await
-                .map_err(|_| {
-                    exit::outage(anyhow!(
+        let (connection, broker, channel) = runtime.block_on(async {
+            let (connection, index) =
+                connect_first(&config.nodes, config.connect_timeout, stop).await?;
+            let broker = describe_broker(&config.nodes[index].uri);
+            let opened = open_channel(&connection, config, &broker);
+            let channel = match wait::on_future(config.connect_timeout, stop, opened).await {
+                Waited::Done(channel) => channel?,
+                Waited::TimedOut => {
+                    return Err(exit::outage(anyhow!(
                         "RabbitMQ at {broker} did not open a channel in time"
-                    ))
-                })??;
-            Ok::<_, anyhow::Error>((connection, channel))
+                    )));
+                }
+                Waited::Stopped(exit) => {
+                    return Err(wait::stopped_while(
+                        exit,
+                        &format!(
+                            "opening a channel on RabbitMQ at {broker}; nothing was published"
+                        ),
+                    ));
+                }
+            };
+            Ok::<_, anyhow::Error>((connection, broker, channel))
         })?;
+        // Taken now: lapin tells only the listeners that exist when
+        // connection.blocked comes.
+        let alarm = Alarm::watch(&connection, &runtime);
         Ok(Publisher {
             runtime,
             connection,
             idle: vec![channel],
             config: config.clone(),
+            broker,
+            alarm,
         })
     }
 
@@ -185,6 +203,7 @@ impl Publisher {
             &all,
             deadline,
             self.frame_max(),
+            &self.alarm,
         ));
         Ok(Sent::Pipelined {
             channel,
@@ -225,13 +244,15 @@ impl Publisher {
     ) -> Outcome {
         let mut outcome = Outcome::default();
         let mut rest: Vec<&Event> = events.iter().collect();
-        let mut result = self.runtime.block_on(await_round(first, &rest, deadline));
+        let mut result = self
+            .runtime
+            .block_on(await_round(first, &rest, deadline, &self.alarm));
         let mut sent = rest.len();
         let mut alone = false;
         loop {
             outcome.absorb(&mut result);
             if let Some(error) = result.error.take() {
-                match self.judge(&error, result.timed_out, alone) {
+                match self.judge(&error, &result, alone) {
                     Ok(Verdict::Blame) => {
                         outcome.failed.push(culprit(rest.remove(0), &error));
                         alone = false;
@@ -268,6 +289,7 @@ impl Publisher {
                 round,
                 deadline,
                 self.frame_max(),
+                &self.alarm,
             ));
         }
         self.idle.push(channel);
@@ -295,11 +317,12 @@ impl Publisher {
                 &[event],
                 deadline,
                 self.frame_max(),
+                &self.alarm,
             ));
             let stopped = !result.failed.is_empty() || !result.declined.is_empty();
             outcome.absorb(&mut result);
-            if let Some(error) = result.error {
-                if let Err(stop) = self.judge(&error, result.timed_out, true) {
+            if let Some(error) = result.error.take() {
+                if let Err(stop) = self.judge(&error, &result, true) {
                     outcome.outage = Some(stop);
                     return outcome;
                 }
@@ -327,22 +350,26 @@ impl Publisher {
         self.connection.configuration().frame_max()
     }
 
-    /// Closes the connection cleanly; errors here change nothing.
+    /// Closes the connection cleanly; errors here change nothing. A broker
+    /// that blocked us reads nothing, the close included: it is not tried.
     pub fn close(self) {
         let connection = self.connection;
-        let _ = self
-            .runtime
-            .block_on(async { timeout(CLOSE_TIMEOUT, connection.close(200, "bye".into())).await });
+        if self.alarm.reason().is_none() {
+            let _ = self.runtime.block_on(async {
+                timeout(CLOSE_TIMEOUT, connection.close(200, "bye".into())).await
+            });
+        }
         // Dropping the runtime would wait for its tasks, and after an outage
         // a task may still be stuck on a dead socket.
         self.runtime.shutdown_background();
     }
 
     /// What a round's error means for the batch (see `verdict`): the
-    /// verdict when the batch goes on, or the error that ends it.
-    fn judge(&self, error: &anyhow::Error, timed_out: bool, alone: bool) -> Result<Verdict> {
-        if timed_out {
-            return Err(self.outage(error, true));
+    /// verdict when the batch goes on, or the error that ends it. A round
+    /// cut short (its deadline, a broker that blocked publishers) ends it.
+    fn judge(&self, error: &anyhow::Error, round: &Round, alone: bool) -> Result<Verdict> {
+        if round.timed_out || round.blocked {
+            return Err(self.outage(error, round.timed_out));
         }
         // Over a publish, a reply code can be about the message itself.
         let reply = error
@@ -363,14 +390,14 @@ impl Publisher {
         if let Some(channel) = self.idle.pop() {
             return Ok(channel);
         }
-        let broker = describe_broker(&self.config.uri);
+        let broker = &self.broker;
         // The timer must be made inside the runtime: tokio's timeout
         // panics when called outside one, so it goes in the async block.
         self.runtime
             .block_on(async {
                 timeout(
                     self.config.connect_timeout,
-                    open_channel(&self.connection, &self.config),
+                    open_channel(&self.connection, &self.config, broker),
                 )
                 .await
             })
@@ -386,14 +413,21 @@ impl Publisher {
     fn open_channel_by(&self, deadline: Instant) -> Result<Channel> {
         self.runtime
             .block_on(async {
-                timeout_at(deadline, open_channel(&self.connection, &self.config)).await
+                let opened = open_channel(&self.connection, &self.config, &self.broker);
+                timeout_at(deadline, opened).await
             })
             .map_err(|_| self.outage(&anyhow!("reopening the channel"), true))?
     }
 
     fn outage(&self, error: &anyhow::Error, timed_out: bool) -> anyhow::Error {
-        let broker = describe_broker(&self.config.uri);
-        if timed_out {
+        let broker = &self.broker;
+        if let Some(reason) = self.alarm.reason() {
+            exit::outage(anyhow!(
+                "RabbitMQ at {broker} blocked publishers ({reason}): a resource alarm, until \
+                 the broker has memory or disk space again; unconfirmed events were left as \
+                 they were and will be retried"
+            ))
+        } else if timed_out {
             exit::outage(anyhow!(
                 "RabbitMQ at {broker} did not confirm the batch within {} (--confirm-timeout); \
                  unconfirmed events were left as they were and will be retried",
@@ -416,7 +450,7 @@ impl Publisher {
     /// past: a user without write permission on the exchange, an internal
     /// exchange, an exchange deleted while the run went on.
     fn refused(&self, error: &anyhow::Error) -> anyhow::Error {
-        let broker = describe_broker(&self.config.uri);
+        let broker = &self.broker;
         let exchange = &self.config.exchange;
         exit::config(anyhow!(
             "RabbitMQ at {broker} refused the publishes to exchange {exchange:?}: {error}; check \
@@ -432,14 +466,17 @@ fn culprit(event: &Event, error: &anyhow::Error) -> (i64, String) {
     (event.id, reason)
 }
 
-async fn open_channel(connection: &Connection, config: &BrokerConfig) -> Result<Channel> {
-    let broker = describe_broker(&config.uri);
+async fn open_channel(
+    connection: &Connection,
+    config: &BrokerConfig,
+    broker: &str,
+) -> Result<Channel> {
     let channel = connection.create_channel().await.map_err(|error| {
         exit::outage(anyhow!(
             "opening a channel on RabbitMQ at {broker}: {error}"
         ))
     })?;
-    check_exchange(&channel, config, &broker).await?;
+    check_exchange(&channel, config, broker).await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
@@ -501,38 +538,6 @@ async fn check_exchange(channel: &Channel, config: &BrokerConfig, broker: &str) 
                 ))
             }
         })
-}
-
-/// A refused login or a missing vhost needs the operator; anything else
-/// (refused TCP, reset, DNS, a broker shutting down) is an outage.
-fn connect_error(error: &lapin::Error, broker: &str) -> anyhow::Error {
-    let refused = matches!(error.kind(), lapin::ErrorKind::AuthProviderError(_))
-        || refusal(error) == Some(classify::Cause::Config);
-    if refused {
-        exit::config(anyhow!(
-            "cannot connect to RabbitMQ at {broker}: {error}; check the user, password and vhost in AMQP_URL"
-        ))
-    } else {
-        exit::outage(anyhow!(
-            "cannot connect to RabbitMQ at {broker}: {error}; check that the broker is up and AMQP_URL is right"
-        ))
-    }
-}
-
-/// What the broker's refusal says, by its reply code (see exit::classify);
-/// None when the error is not the broker's word at all (a socket, a
-/// timeout).
-fn refusal(error: &lapin::Error) -> Option<classify::Cause> {
-    reply_code(error).map(classify::amqp)
-}
-
-/// The reply code of the broker's connection.close or channel.close behind
-/// `error`, if it is one.
-fn reply_code(error: &lapin::Error) -> Option<u16> {
-    match error.kind() {
-        lapin::ErrorKind::ProtocolError(amqp) => Some(amqp.get_id()),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

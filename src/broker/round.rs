@@ -11,8 +11,9 @@ use anyhow::anyhow;
 use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
 use lapin::{Channel, Confirmation, PublisherConfirm};
-use tokio::time::{Instant, timeout_at};
+use tokio::time::Instant;
 
+use crate::broker::alarm::{Alarm, Cutoff};
 use crate::broker::message::{Outgoing, outgoing};
 use crate::sql::outbox::Event;
 
@@ -35,6 +36,9 @@ pub struct Round {
     pub unresolved: HashSet<i64>,
     pub error: Option<anyhow::Error>,
     pub timed_out: bool,
+    /// The broker blocked the connection (a resource alarm): the round
+    /// stopped waiting at once (see `alarm`).
+    pub blocked: bool,
 }
 
 impl Round {
@@ -79,9 +83,10 @@ pub async fn publish_round(
     events: &[&Event],
     deadline: Instant,
     frame_max: u32,
+    alarm: &Alarm,
 ) -> Round {
-    let issued = issue_round(channel, exchange, events, deadline, frame_max).await;
-    await_round(issued, events, deadline).await
+    let issued = issue_round(channel, exchange, events, deadline, frame_max, alarm).await;
+    await_round(issued, events, deadline, alarm).await
 }
 
 /// Issues the round's publishes a window at a time, every publish of a
@@ -98,6 +103,7 @@ pub async fn issue_round(
     events: &[&Event],
     deadline: Instant,
     frame_max: u32,
+    alarm: &Alarm,
 ) -> Issued {
     let mut round = Round::default();
     let mut unsendable = Vec::new();
@@ -114,11 +120,13 @@ pub async fn issue_round(
     'windows: while rest.peek().is_some() {
         let window: Vec<_> = rest.by_ref().take(PUBLISH_WINDOW).collect();
         let sent: Vec<usize> = window.iter().map(|(position, _, _)| *position).collect();
-        let results = match timeout_at(deadline, issue(channel, exchange, window)).await {
+        let results = match alarm
+            .until(deadline, issue(channel, exchange, window))
+            .await
+        {
             Ok(results) => results,
-            Err(_) => {
-                round.timed_out = true;
-                round.note(anyhow!("publishing timed out"));
+            Err(cutoff) => {
+                cut_off(&mut round, cutoff, "publishing");
                 stopped_at = sent[0];
                 break;
             }
@@ -160,10 +168,31 @@ fn account(
 
 /// Awaits the confirms of an issued round; `events` must be the ones it was
 /// issued with.
-pub async fn await_round(issued: Issued, events: &[&Event], deadline: Instant) -> Round {
+pub async fn await_round(
+    issued: Issued,
+    events: &[&Event],
+    deadline: Instant,
+    alarm: &Alarm,
+) -> Round {
     let Issued { pending, mut round } = issued;
-    await_confirms(pending, events, deadline, &mut round).await;
+    await_confirms(pending, events, deadline, alarm, &mut round).await;
     round
+}
+
+/// Records why the round stopped waiting while `what` (see `Round::note`
+/// for which error the round reports).
+fn cut_off(round: &mut Round, cutoff: Cutoff, what: &str) {
+    let error = match cutoff {
+        Cutoff::Deadline => {
+            round.timed_out = true;
+            anyhow!("{what} timed out")
+        }
+        Cutoff::Blocked => {
+            round.blocked = true;
+            anyhow!("the broker blocked the connection while {what}")
+        }
+    };
+    round.note(error);
 }
 
 /// Creates a window's publish futures and drives them together, returning
@@ -242,17 +271,18 @@ async fn await_confirms(
     pending: Vec<(usize, PublisherConfirm)>,
     events: &[&Event],
     deadline: Instant,
+    alarm: &Alarm,
     round: &mut Round,
 ) {
     let mut acked = Vec::new();
     let mut returned = Vec::new();
     for (position, confirm) in pending {
         let event = events[position];
-        if round.timed_out {
+        if round.timed_out || round.blocked {
             round.unresolved.insert(event.id);
             continue;
         }
-        match timeout_at(deadline, confirm).await {
+        match alarm.until(deadline, confirm).await {
             Ok(Ok(Confirmation::Ack(message))) => {
                 acked.push(event);
                 returned.extend(message.and_then(unroutable));
@@ -269,10 +299,9 @@ async fn await_confirms(
                 round.unresolved.insert(event.id);
                 round.note(error.into());
             }
-            Err(_) => {
+            Err(cutoff) => {
                 round.unresolved.insert(event.id);
-                round.note(anyhow!("confirms timed out"));
-                round.timed_out = true;
+                cut_off(round, cutoff, "awaiting confirms");
             }
         }
     }

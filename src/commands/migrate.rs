@@ -12,9 +12,10 @@ use crate::sql::migrations::{self, MIGRATIONS};
 
 pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
     let mut client = database::connect(
-        &database.config,
+        &database.conninfo,
         database.connect_timeout,
         database.command_idle_limit(),
+        None,
     )?;
     let mut tx = client
         .transaction()

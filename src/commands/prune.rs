@@ -46,14 +46,15 @@ const BATCH_BUDGET: Duration = Duration::from_secs(15 * 60 + 30);
 pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<Exit> {
     let watchdog = Watchdog::spawn(|_| {})?;
     watchdog.arm(
-        database.connect_timeout + database::STATEMENT_TIMEOUT + watchdog::MARGIN,
+        database.connect_budget() + database::STATEMENT_TIMEOUT + watchdog::MARGIN,
         "connecting to PostgreSQL",
         Totals::default(),
     );
     let mut client = database::connect(
-        &database.config,
+        &database.conninfo,
         database.connect_timeout,
         database.command_idle_limit(),
+        None,
     )?;
     // Counting and deleting may scan the whole table (see BATCH_TIMEOUT).
     client

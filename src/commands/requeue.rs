@@ -27,11 +27,12 @@ struct Report {
 }
 
 pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<Exit> {
-    let _watchdog = Watchdog::for_command(database.connect_timeout, "requeue")?;
+    let _watchdog = Watchdog::for_command(database.connect_budget(), "requeue")?;
     let mut client = database::connect(
-        &database.config,
+        &database.conninfo,
         database.connect_timeout,
         database.command_idle_limit(),
+        None,
     )?;
     let table = &database.table;
     let report = if args.dead {

@@ -17,11 +17,12 @@ use crate::sql::figures::{self, Figures, HeldBack};
 use crate::sql::table::TableName;
 
 pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
-    let _watchdog = Watchdog::for_command(database.connect_timeout, "status")?;
+    let _watchdog = Watchdog::for_command(database.connect_budget(), "status")?;
     let mut client = database::connect(
-        &database.config,
+        &database.conninfo,
         database.connect_timeout,
         database.command_idle_limit(),
+        None,
     )?;
     let (table, max_attempts) = (&database.table, database.max_attempts);
     let by_type = match args.by_type {

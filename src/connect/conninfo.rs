@@ -24,9 +24,6 @@
 //! ignored, and a string that is neither a URL nor key=value is an error
 //! (psql would take it as a database name).
 
-// Nothing calls this yet: issue 11's next step wires it into the connect.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
@@ -613,7 +610,7 @@ fn parse_uri(rest: &str) -> Result<Vec<(String, String)>> {
 
 /// `%XX` sequences to bytes; libpq refuses `%00` and a `%` without two hex
 /// digits. The error names the part, never its text (it may be a password).
-fn percent_decode(text: &str, part: &str) -> Result<String> {
+pub(crate) fn percent_decode(text: &str, part: &str) -> Result<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

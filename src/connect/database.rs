@@ -2,16 +2,17 @@
 //! the driver's errors into one readable line of the right kind.
 
 use std::error::Error as _;
-use std::sync::mpsc;
-use std::thread;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
+use postgres::Client;
 use postgres::error::SqlState;
-use postgres::{Client, NoTls};
 
-use crate::connect::libpq::describe_database;
+use crate::connect::conninfo::{ConnInfo, RootCert, ServerCheck, TargetSessionAttrs};
+use crate::connect::hosts;
+use crate::connect::tls::{self, Identity, Trust};
 use crate::exit::{self, classify};
+use crate::guard::stop::Stop;
 use crate::sql::table::TableName;
 
 /// How long one statement may run. The claim and the marks touch at most one
@@ -23,86 +24,96 @@ pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// long transaction while others queue behind it.
 const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Opens the session.
+/// Opens the session: the first host of `info` that accepts and suits its
+/// target_session_attrs (see `hosts`), each host given `connect_timeout`
+/// (or the URL's smaller connect_timeout). `stop`, where the command has
+/// one, ends the wait at once when a signal comes.
 ///
-/// The postgres crate's connect_timeout covers only the TCP connect and it
-/// has no query timeouts, so the server bounds the rest for us: a statement
-/// may not run longer than STATEMENT_TIMEOUT and a transaction may not sit
-/// idle (while we wait for the broker) longer than `idle_limit`. Past it the
-/// server ends the session and releases the row locks, so a stuck or
-/// stopped relay never keeps events from the next run. Bounded transactions
-/// also matter to the table itself: an open transaction holds back xmin, and
-/// vacuum cannot reclaim the outbox's dead rows behind it.
+/// The server bounds the rest of the session for us, as the postgres
+/// crate has no query timeouts: a statement may not run longer than
+/// STATEMENT_TIMEOUT and a transaction may not sit idle (while we wait for
+/// the broker) longer than `idle_limit`. Past it the server ends the
+/// session and releases the row locks, so a stuck or stopped relay never
+/// keeps events from the next run. Bounded transactions also matter to the
+/// table itself: an open transaction holds back xmin, and vacuum cannot
+/// reclaim the outbox's dead rows behind it.
 ///
 /// The settings travel in the startup packet, costing no round trip.
 pub fn connect(
-    config: &postgres::Config,
+    info: &ConnInfo,
     connect_timeout: Duration,
     idle_limit: Duration,
+    stop: Option<&Stop>,
 ) -> Result<Client> {
-    let mut config = config.clone();
     let ours = format!(
         "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
         STATEMENT_TIMEOUT.as_millis(),
         LOCK_TIMEOUT.as_millis(),
         idle_limit.as_millis()
     );
-    let options = match config.get_options() {
+    let options = match &info.options {
         Some(theirs) => format!("{theirs} {ours}"),
         None => ours,
     };
-    config
-        .options(&options)
-        .application_name("outbox-poll")
-        .connect_timeout(connect_timeout);
-    let what = format!(
-        "cannot connect to PostgreSQL at {}",
-        describe_database(&config)
-    );
-    match connect_within(config, connect_timeout)? {
-        Some(result) => result.map_err(|error| {
-            classify(
-                &error,
-                &what,
-                "check that the server is up and DATABASE_URL (or PGHOST etc.) is right",
-            )
+    let tls = tls::client_config(&tls_settings(info)).map_err(|error| {
+        exit::config(
+            error.context("the TLS settings of the database URL (sslrootcert, sslcert, sslkey)"),
+        )
+    })?;
+    hosts::connect(&hosts::Request {
+        info,
+        options,
+        per_host: per_host(info, connect_timeout),
+        tls,
+        stop,
+    })
+}
+
+/// The longest a connect to `info` can take: each host's share, for each
+/// pass over the list (prefer-standby makes two). The watchdog's budget
+/// for a connect must cover it.
+pub fn connect_budget(info: &ConnInfo, connect_timeout: Duration) -> Duration {
+    let passes = match info.target_session_attrs {
+        TargetSessionAttrs::PreferStandby => 2,
+        _ => 1,
+    };
+    let hosts = u32::try_from(info.targets.len() * passes).unwrap_or(u32::MAX);
+    per_host(info, connect_timeout) * hosts
+}
+
+/// --connect-timeout, or the URL's connect_timeout where it is smaller.
+fn per_host(info: &ConnInfo, connect_timeout: Duration) -> Duration {
+    info.connect_timeout
+        .map_or(connect_timeout, |theirs| theirs.min(connect_timeout))
+}
+
+/// sslmode's checks and certificates as the TLS settings they make.
+fn tls_settings(info: &ConnInfo) -> tls::Settings {
+    let root = |root: &RootCert| match root {
+        RootCert::File(file) => Trust::File(file.clone()),
+        RootCert::System => Trust::System,
+    };
+    let (trust, check_name) = match &info.ssl.server {
+        ServerCheck::Nothing => (Trust::Anyone, false),
+        ServerCheck::Chain(cert) => (root(cert), false),
+        ServerCheck::ChainAndName(cert) => (root(cert), true),
+    };
+    tls::Settings {
+        trust,
+        check_name,
+        identity: info.ssl.client.as_ref().map(|client| Identity {
+            cert: client.cert.clone(),
+            key: client.key.clone(),
         }),
-        None => Err(exit::outage(anyhow!(
-            "{what}: not connected within {} (--connect-timeout): check that the server \
-             is up and reachable (no firewall dropping the connection) and not overloaded, \
-             and that DATABASE_URL (or PGHOST etc.) is right",
-            humantime::format_duration(connect_timeout)
-        ))),
+        sni: true,
+        p256_first: true,
     }
 }
 
-/// Connects on a thread of its own and waits at most `limit` for it.
-///
-/// The driver's connect_timeout bounds only the TCP connect: a server (or a
-/// proxy, or a half-dead network) that accepts the connection and then says
-/// nothing would keep the startup waiting for ever. None means it did not
-/// finish in time; the thread is left behind with its socket, and goes when
-/// the process exits, which it is about to do.
-fn connect_within(
-    config: postgres::Config,
-    limit: Duration,
-) -> Result<Option<Result<Client, postgres::Error>>> {
-    let (sender, receiver) = mpsc::channel();
-    thread::Builder::new()
-        .name("pg-connect".into())
-        .spawn(move || {
-            // The receiver is gone only if we gave up waiting.
-            let _ = sender.send(config.connect(NoTls));
-        })
-        .context("starting the PostgreSQL connect thread")?;
-    match receiver.recv_timeout(limit) {
-        Ok(result) => Ok(Some(result)),
-        Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
-        Err(mpsc::RecvTimeoutError::Disconnected) => Err(exit::outage(anyhow!(
-            "the PostgreSQL connect thread ended without an answer"
-        ))),
-    }
-}
+/// What to do about a server that takes no writes.
+const READ_ONLY_ADVICE: &str = "the server is a read-only standby (or the session is \
+    read-only): point DATABASE_URL at the primary, or list every host with \
+    target_session_attrs=read-write so that the run picks the writable one; nothing was marked";
 
 /// Wraps a driver error as an outage or a configuration problem, with
 /// `what` failed and what to do about it.
@@ -127,6 +138,9 @@ pub fn classify_on_table(error: &postgres::Error, what: &str, table: &TableName)
         }
         Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
             "grant this role the privileges the README's least-privilege section lists".into()
+        }
+        Some(code) if classify::postgres(code.code()) == classify::Cause::Standby => {
+            READ_ONLY_ADVICE.into()
         }
         _ if is_config_problem(error) => "check the table's definition against the README".into(),
         _ => {

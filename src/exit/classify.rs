@@ -17,6 +17,10 @@ pub enum Cause {
     /// The broker refused one message for what it is (too large, no route):
     /// the event's own failure.
     Message,
+    /// The server takes no writes: a hot standby (or a session made
+    /// read-only). A run pointed at the primary succeeds, so it is an outage
+    /// (exit 69), but its line must say standby and how to pick the primary.
+    Standby,
 }
 
 /// SQLSTATE classes (two characters) and codes that a rerun cannot get
@@ -32,12 +36,42 @@ const POSTGRES_CONFIG: [(&str, &str); 4] = [
     ("3F000", "invalid_schema_name: no such schema"),
 ];
 
+/// SQLSTATEs that say the server is read-only (see Cause::Standby).
+const POSTGRES_READ_ONLY: [(&str, &str); 1] = [(
+    "25006",
+    "read_only_sql_transaction: a hot standby, or default_transaction_read_only",
+)];
+
+/// SQLSTATEs refusing a login after which libpq tries the next host of the
+/// list (fe-connect.c, PQconnectPoll); any other refusal of a server that
+/// answered ends the connect there, a wrong password included.
+const POSTGRES_NEXT_HOST: [(&str, &str); 1] = [(
+    "57P03",
+    "cannot_connect_now: starting up, shutting down, or a standby not yet accepting connections",
+)];
+
 /// What a PostgreSQL error code (SQLSTATE) means for the run.
 pub fn postgres(sqlstate: &str) -> Cause {
-    let listed = POSTGRES_CONFIG
+    if listed(&POSTGRES_CONFIG, sqlstate) {
+        Cause::Config
+    } else if listed(&POSTGRES_READ_ONLY, sqlstate) {
+        Cause::Standby
+    } else {
+        Cause::Outage
+    }
+}
+
+/// Whether a server that refused our login with this SQLSTATE should be
+/// passed over for the next host rather than end the connect.
+pub fn postgres_tries_next_host(sqlstate: &str) -> bool {
+    listed(&POSTGRES_NEXT_HOST, sqlstate)
+}
+
+/// Whether a table holds the code, or its two-character class.
+fn listed(table: &[(&str, &str)], sqlstate: &str) -> bool {
+    table
         .iter()
-        .any(|(code, _)| sqlstate == *code || (code.len() == 2 && sqlstate.starts_with(code)));
-    if listed { Cause::Config } else { Cause::Outage }
+        .any(|(code, _)| sqlstate == *code || (code.len() == 2 && sqlstate.starts_with(code)))
 }
 
 /// AMQP 0-9-1 reply codes (the spec's constants), as a connection.close or
@@ -100,11 +134,23 @@ mod tests {
     fn connection_and_server_trouble_is_an_outage() {
         // connection_failure, admin_shutdown, cannot_connect_now,
         // query_canceled (statement_timeout), serialization_failure,
-        // too_many_connections, read_only_sql_transaction.
-        for code in [
-            "08006", "57P01", "57P03", "57014", "40001", "53300", "25006",
-        ] {
+        // too_many_connections.
+        for code in ["08006", "57P01", "57P03", "57014", "40001", "53300"] {
             assert_eq!(postgres(code), Cause::Outage, "{code}");
+        }
+    }
+
+    #[test]
+    fn a_read_only_transaction_means_a_standby() {
+        assert_eq!(postgres("25006"), Cause::Standby);
+        assert_eq!(postgres("25001"), Cause::Outage);
+    }
+
+    #[test]
+    fn only_a_server_not_ready_yet_passes_the_login_to_the_next_host() {
+        assert!(postgres_tries_next_host("57P03"));
+        for code in ["28P01", "28000", "3D000", "53300", "57P01"] {
+            assert!(!postgres_tries_next_host(code), "{code}");
         }
     }
 

@@ -78,6 +78,9 @@ pub enum Failure {
     Outage(anyhow::Error),
     /// Something the operator must fix before a rerun can succeed.
     Config(anyhow::Error),
+    /// SIGINT or SIGTERM came while we waited (for a connect, say), and the
+    /// run gave up on what it was waiting for: the exit is the signal's.
+    Stopped(Exit, anyhow::Error),
 }
 
 impl Failure {
@@ -85,6 +88,7 @@ impl Failure {
         match self {
             Failure::Outage(_) => Exit::Unavailable,
             Failure::Config(_) => Exit::Config,
+            Failure::Stopped(exit, _) => *exit,
         }
     }
 }
@@ -92,7 +96,7 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Outage(e) | Failure::Config(e) => write!(f, "{e:#}"),
+            Failure::Outage(e) | Failure::Config(e) | Failure::Stopped(_, e) => write!(f, "{e:#}"),
         }
     }
 }
@@ -109,6 +113,16 @@ pub fn outage(error: impl Into<anyhow::Error>) -> anyhow::Error {
 /// Wraps an error as a configuration problem (exit 78).
 pub fn config(error: impl Into<anyhow::Error>) -> anyhow::Error {
     Failure::Config(error.into()).into()
+}
+
+/// Wraps what a signal interrupted: the exit is the signal's (130, 143).
+pub fn stopped(exit: Exit, error: impl Into<anyhow::Error>) -> anyhow::Error {
+    Failure::Stopped(exit, error.into()).into()
+}
+
+/// Whether the error is a signal's stop rather than a failure.
+pub fn is_stop(error: &anyhow::Error) -> bool {
+    matches!(error.downcast_ref::<Failure>(), Some(Failure::Stopped(..)))
 }
 
 #[cfg(test)]
@@ -144,6 +158,14 @@ mod tests {
             .context("claiming")
             .unwrap_err();
         assert_eq!(Exit::of(&error), Exit::Config);
+    }
+
+    #[test]
+    fn a_stop_exits_with_its_signals_code_through_added_context() {
+        let error = Err::<(), _>(stopped(Exit::Terminated, anyhow!("connecting")))
+            .context("poll")
+            .unwrap_err();
+        assert_eq!((Exit::of(&error).code(), is_stop(&error)), (143, true));
     }
 
     #[test]

@@ -74,10 +74,11 @@ impl Watchdog {
     }
 
     /// One budget for a whole short command (status, requeue): connecting
-    /// and a few statements, each bounded by the server's statement_timeout.
-    pub fn for_command(connect_timeout: Duration, what: &'static str) -> Result<Self> {
+    /// (`connect_budget`: every host of the list) and a few statements, each
+    /// bounded by the server's statement_timeout.
+    pub fn for_command(connect_budget: Duration, what: &'static str) -> Result<Self> {
         let watchdog = Watchdog::spawn(|_| {})?;
-        let budget = connect_timeout + 3 * STATEMENT_TIMEOUT + MARGIN;
+        let budget = connect_budget + 3 * STATEMENT_TIMEOUT + MARGIN;
         watchdog.arm(budget, what, Totals::default());
         Ok(watchdog)
     }

@@ -11,7 +11,7 @@ use anyhow::Result;
 use crate::broker::Broker;
 use crate::config::{Database, Relay};
 use crate::connect::database::STATEMENT_TIMEOUT;
-use crate::exit::Exit;
+use crate::exit::{self, Exit};
 use crate::guard::stop::Stop;
 use crate::guard::watchdog::{self, Watchdog};
 use crate::relay::batch::{self, Ended, InFlight, Opened};
@@ -264,14 +264,16 @@ impl Drain<'_> {
         if !backlog || sessions.all.len() >= sessions.limit {
             return None;
         }
-        let budget = self.database.connect_timeout + STATEMENT_TIMEOUT + watchdog::MARGIN;
+        let budget = self.database.connect_budget() + STATEMENT_TIMEOUT + watchdog::MARGIN;
         self.watchdog
             .arm(budget, "opening another PostgreSQL session", *self.totals);
-        match Session::open(self.database, self.relay) {
+        match Session::open(self.database, self.relay, self.stop) {
             Ok(session) => {
                 sessions.all.push(session);
                 Some(sessions.all.len() - 1)
             }
+            // A signal came: no new batch starts, which may_open now says.
+            Err(error) if exit::is_stop(&error) => None,
             Err(error) => {
                 sessions.limit = sessions.all.len();
                 match sessions.limit {
@@ -317,7 +319,8 @@ fn bytes(flight: &Flight) -> i64 {
 }
 
 /// Every bound a batch can meet, one after the other: connecting to the
-/// broker and opening its channel, the confirms, and the batch's SQL, which
+/// broker (each node of the list in turn) and opening its channel, the
+/// confirms, and the batch's SQL, which
 /// touches one batch of rows by primary key and so gets one statement's
 /// time in all (each statement is also bounded by the server). A start
 /// that finds nothing after the drain's last claim claims again from the
@@ -325,7 +328,8 @@ fn bytes(flight: &Flight) -> i64 {
 /// takes most of a statement timeout to find nothing is what this bound is
 /// for.
 fn batch_budget(relay: &Relay) -> Duration {
-    2 * relay.broker.connect_timeout
+    relay.broker.connect_budget()
+        + relay.broker.connect_timeout
         + relay.broker.confirm_timeout
         + STATEMENT_TIMEOUT
         + watchdog::MARGIN

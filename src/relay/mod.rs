@@ -81,12 +81,12 @@ fn run_batches(
 ) -> Result<Exit> {
     let stop = Stop::install()?;
     watchdog.arm(
-        database.connect_timeout + STATEMENT_TIMEOUT + watchdog::MARGIN,
+        database.connect_budget() + STATEMENT_TIMEOUT + watchdog::MARGIN,
         "connecting to PostgreSQL and preparing the queries",
         *totals,
     );
-    let mut sessions = vec![Session::open(database, relay)?];
-    let mut broker = Broker::new(relay.broker.clone());
+    let mut sessions = vec![Session::open(database, relay, &stop)?];
+    let mut broker = Broker::new(relay.broker.clone(), stop.clone());
     let mut progress = Progress::new(&mut sessions[0].client, database, relay);
     let mut drain = Drain {
         database,

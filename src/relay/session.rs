@@ -25,7 +25,9 @@ use postgres::Client;
 use crate::broker::publisher::Outcome;
 use crate::broker::round::NACKED;
 use crate::config::{Database, Relay};
+use crate::connect::conninfo::ConnInfo;
 use crate::connect::database;
+use crate::guard::stop::Stop;
 use crate::sql::outbox::{Event, Outbox, Start};
 
 /// Why a batch's COMMIT did not go through.
@@ -44,11 +46,14 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn open(database: &Database, relay: &Relay) -> Result<Self> {
+    /// Connects (a signal ends the wait at once) and prepares the relay's
+    /// statements.
+    pub fn open(database: &Database, relay: &Relay, stop: &Stop) -> Result<Self> {
         let mut client = database::connect(
-            &generic_plans(&database.config),
+            &generic_plans(&database.conninfo),
             database.connect_timeout,
             relay.batch_idle_limit(),
+            Some(stop),
         )?;
         let outbox = Outbox::prepare(
             &mut client,
@@ -140,34 +145,62 @@ impl Session {
     }
 }
 
-/// The session's settings with generic plans added (see above), after any
-/// options the database URL gives. (The benchmark's own sessions use it
-/// too, to measure the relay's SQL as the relay runs it.)
-pub fn generic_plans(config: &postgres::Config) -> postgres::Config {
-    const GENERIC: &str = "-c plan_cache_mode=force_generic_plan";
-    let mut config = config.clone();
-    let options = match config.get_options() {
-        Some(theirs) => format!("{theirs} {GENERIC}"),
-        None => GENERIC.to_string(),
-    };
-    config.options(&options);
-    config
+/// The startup option that makes a session plan generically (see above).
+/// (The benchmark's own sessions send it too, to measure the relay's SQL
+/// as the relay runs it.)
+pub const GENERIC_PLANS: &str = "-c plan_cache_mode=force_generic_plan";
+
+/// The session's settings with generic plans added, after any options the
+/// database URL gives.
+pub fn generic_plans(info: &ConnInfo) -> ConnInfo {
+    let mut info = info.clone();
+    info.options = Some(match info.options.take() {
+        Some(theirs) => format!("{theirs} {GENERIC_PLANS}"),
+        None => GENERIC_PLANS.to_string(),
+    });
+    info
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io;
+    use std::path::Path;
+
     use super::*;
+    use crate::connect::conninfo::{Account, FileStat, Files};
+
+    /// No file to read: the settings come from the URL alone.
+    struct NoFiles;
+
+    impl Files for NoFiles {
+        fn read(&self, _: &Path) -> io::Result<Option<String>> {
+            Ok(None)
+        }
+
+        fn stat(&self, _: &Path) -> io::Result<Option<FileStat>> {
+            Ok(None)
+        }
+    }
+
+    fn info(url: &str) -> ConnInfo {
+        let account = Account {
+            name: "u".into(),
+            home: None,
+            uid: 1000,
+        };
+        crate::connect::conninfo::resolve(Some(url), &|_| None, &NoFiles, Some(&account)).unwrap()
+    }
 
     #[test]
     fn generic_plans_follow_the_urls_own_options() {
-        let plain: postgres::Config = "host=db".parse().unwrap();
+        let plain = info("host=db");
         assert_eq!(
-            generic_plans(&plain).get_options(),
+            generic_plans(&plain).options.as_deref(),
             Some("-c plan_cache_mode=force_generic_plan")
         );
-        let theirs: postgres::Config = "host=db options='-c work_mem=64MB'".parse().unwrap();
+        let theirs = info("host=db options='-c work_mem=64MB'");
         assert_eq!(
-            generic_plans(&theirs).get_options(),
+            generic_plans(&theirs).options.as_deref(),
             Some("-c work_mem=64MB -c plan_cache_mode=force_generic_plan")
         );
     }

@@ -136,15 +136,20 @@ pub fn held_back(
     // then the statements whose snapshots HORIZON reads, in one transaction.
     let mut tx = client.transaction().map_err(classify)?;
     tx.query_one(SEE_SESSIONS_SQL, &[]).map_err(classify)?;
+    // The age counts finite created_at only, as status's oldest pending
+    // age does: `now() - '-infinity'` is an error, and one odd row must
+    // not break status. Held-back events that are all infinite age 0.
     let sql = format!(
-        "SELECT floor(extract(epoch FROM now() - min(created_at)))::bigint FROM {} \
+        "SELECT count(*) > 0, floor(extract(epoch FROM now() - \
+           min(created_at) FILTER (WHERE isfinite(created_at))))::bigint FROM {} \
          WHERE published_at IS NULL AND attempts < $1::int AND producer_xid >= {HORIZON}",
         table.quoted()
     );
     let row = tx.query_one(&sql, &[&max_attempts]).map_err(classify)?;
-    let Some(age_s) = row.get::<_, Option<i64>>(0) else {
+    if !row.get::<_, bool>(0) {
         return Ok(None);
-    };
+    }
+    let age_s = row.get::<_, Option<i64>>(1).unwrap_or(0);
     let pid = tx
         .query_opt(&holder_sql(), &[])
         .map_err(classify)?

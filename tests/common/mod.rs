@@ -15,7 +15,7 @@ pub mod tls_terminator;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use lapin::options::{
@@ -527,13 +527,18 @@ pub struct Amqp {
 
 impl Amqp {
     pub fn connect() -> Amqp {
+        Amqp::connect_to(&amqp_url())
+    }
+
+    /// A client of another broker (a private node, say).
+    pub fn connect_to(url: &str) -> Amqp {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .unwrap();
         let (connection, channel) = runtime.block_on(async {
-            let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            let connection = Connection::connect(url, ConnectionProperties::default())
                 .await
                 .expect("connecting to RabbitMQ");
             let channel = connection.create_channel().await.unwrap();
@@ -731,6 +736,15 @@ async fn declare_topic(
     channel
         .exchange_declare(exchange.into(), ExchangeKind::Topic, options, arguments)
         .await
+}
+
+/// Sends a signal ("-TERM", "-INT") to a running outbox-poll.
+pub fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .args([name, &child.id().to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill {name} failed");
 }
 
 /// Waits until `condition` holds, checking every 20 ms, for at most `limit`.

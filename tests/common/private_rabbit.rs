@@ -135,14 +135,6 @@ impl RabbitNode {
         }
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     /// amqp://guest:guest@127.0.0.1:PORT/%2f
     pub fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)

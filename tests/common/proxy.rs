@@ -4,6 +4,9 @@
 //! bytes either way, stall (sockets stay open, nothing moves), let through
 //! only the first N bytes the client sends, or cut a connection once the
 //! server has a given message from the client, before its answer gets back.
+//! It keeps the first RECORDED bytes the client sent, so a test can read
+//! what reached the server (say, AMQP's connection.tune-ok), and it can
+//! listen on another loopback address (IPv6's ::1).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -37,8 +40,13 @@ struct State {
     upstream_bytes: AtomicU64,
     /// Bytes the server sent that reached the client, all connections.
     downstream_bytes: AtomicU64,
+    /// The first RECORDED bytes the client sent, all connections.
+    recorded: Mutex<Vec<u8>>,
     sockets: Mutex<Vec<TcpStream>>,
 }
+
+/// How much of what clients send the proxy keeps (see Proxy::upstream_seen).
+const RECORDED: usize = 64 * 1024;
 
 pub struct Proxy {
     addr: SocketAddr,
@@ -48,7 +56,13 @@ pub struct Proxy {
 impl Proxy {
     /// Listens on a free loopback port and forwards to `target`.
     pub fn start(target: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("binding the proxy");
+        Proxy::start_on("127.0.0.1", target)
+    }
+
+    /// Listens on a free port of `address` ("::1", say) and forwards to
+    /// `target`.
+    pub fn start_on(address: &str, target: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind((address, 0)).expect("binding the proxy");
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State {
             upstream_limit: AtomicU64::new(u64::MAX),
@@ -93,6 +107,11 @@ impl Proxy {
     /// Client bytes that reached the server so far.
     pub fn upstream_bytes(&self) -> u64 {
         self.state.upstream_bytes.load(Ordering::SeqCst)
+    }
+
+    /// The first bytes clients sent that reached the server, in order.
+    pub fn upstream_seen(&self) -> Vec<u8> {
+        self.state.recorded.lock().unwrap().clone()
     }
 
     /// Closes every open connection at once, like a broker or network dying.
@@ -285,6 +304,9 @@ fn pump(
         }
         sent += read as u64;
         let counter = if upstream {
+            let mut recorded = state.recorded.lock().unwrap();
+            let room = RECORDED.saturating_sub(recorded.len()).min(read);
+            recorded.extend_from_slice(&buffer[..room]);
             &state.upstream_bytes
         } else {
             &state.downstream_bytes
