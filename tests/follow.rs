@@ -424,6 +424,50 @@ fn an_ordered_follow_waits_while_another_run_holds_the_lock_then_publishes_in_or
 }
 
 #[test]
+fn an_ordered_by_key_follow_publishes_each_keys_events_in_order_one_of_a_key_per_batch() {
+    // In a database of its own, as every ordered mode's test.
+    let mut fx = with_notify(Fixture::bare_isolated("follow_by_key"));
+    let args = [
+        "--ordered-by-key",
+        "--batch-size",
+        "5",
+        "--max-duration",
+        "60s",
+    ];
+    let follower = Follower::start(&fx, &[], &args);
+    // Three producer transactions while it follows, each ten events of
+    // each of three keys, interleaved: event n of key k is `k<k>-<n>`.
+    for round in 0..3 {
+        fx.execute(&format!(
+            "INSERT INTO {{table}} (event_id, event_type, payload, ordering_key) \
+             SELECT 'k' || g % 3 || '-' || ({round} * 10 + g / 3), 'order.created', '{{}}', \
+                    'k' || g % 3 \
+             FROM generate_series(0, 29) g"
+        ));
+    }
+    assert!(wait_until(Duration::from_secs(30), || fx.published_count() == 90));
+    follower.signal("-TERM");
+    let (run, _) = follower.finish();
+    assert_eq!(run.code, 143, "{}", run.stderr);
+    // A batch holds at most one event of a key: three keys, three events.
+    assert!(run.field("batches") >= 30, "{}", run.stdout);
+    let mut next: HashMap<String, u32> = HashMap::new();
+    for message in fx.messages() {
+        let key = message.header_text("x-ordering-key").unwrap();
+        let (name, n) = message.message_id.split_once('-').unwrap();
+        assert_eq!(name, key);
+        let expected = next.entry(key.clone()).or_insert(0);
+        assert_eq!(
+            n.parse::<u32>().unwrap(),
+            *expected,
+            "key {key} out of order"
+        );
+        *expected += 1;
+    }
+    assert_eq!(next.values().sum::<u32>(), 90);
+}
+
+#[test]
 fn a_follow_that_loses_its_database_connection_while_idle_exits_69_at_once() {
     let fx = notifying("follow_db_lost");
     let db = Proxy::start(database_addr());

@@ -323,6 +323,35 @@ fn a_stop_waits_for_every_batch_in_hand() {
     }
 }
 
+#[test]
+fn every_command_line_the_deploy_files_run_is_one_the_binary_accepts() {
+    let mut lines: Vec<Vec<String>> = SERVICES
+        .iter()
+        .map(|service| {
+            let exec = &unit_values(service, "ExecStart")[0];
+            exec.split_whitespace().skip(1).map(String::from).collect()
+        })
+        .collect();
+    let (cronjob, _) = cronjob();
+    let args = container(&cronjob)["args"]
+        .as_vec()
+        .expect("the CronJob's args");
+    lines.push(
+        args.iter()
+            .map(|arg| arg.as_str().unwrap().to_string())
+            .collect(),
+    );
+    for args in lines {
+        // clap refuses an unknown option before it reads --help.
+        let run = Command::new(crate::common::BIN)
+            .args(&args)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "{args:?}: {}", text(&run.stderr));
+    }
+}
+
 // The example environment file.
 
 #[test]
