@@ -7,7 +7,8 @@
 -- modes sort by (producer_xid, id), which is each producer's commit order
 -- (a producer's later transaction gets a larger xid), and publish a row
 -- only once every transaction that could still insert a row sorting
--- before it has ended (its xid is below the snapshot's xmin). It is added
+-- before it has ended: its xid is below the oldest xid still running in
+-- this database (src/sql/outbox.rs, HORIZON). It is added
 -- with the constant default '0' first, a catalog-only change since
 -- PostgreSQL 11 (no rewrite, no scan): rows already in the table read as
 -- 0, the oldest, which they are, since they are committed. Only then does

@@ -58,16 +58,32 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// What clap's own `requires` cannot check: it counts a flag given as
-    /// OUTBOX_FOLLOW=false as present (clap-rs/clap#5591), so the rule that
-    /// --follow needs --max-duration is checked on the parsed values. A
-    /// follow without an end would never exit, and cron would pile them up.
+    /// The rules between options that clap's own `requires` and
+    /// `conflicts_with` cannot check: they count a flag whose variable says
+    /// false (OUTBOX_FOLLOW=false, OUTBOX_ORDERED=0) as given
+    /// (clap-rs/clap#5591), so these are checked on the parsed values.
+    ///
+    /// --follow needs --max-duration: a follow without an end would never
+    /// exit, and cron would pile them up (a dry run follows nothing). The
+    /// two ordered modes exclude each other: one order for the whole table
+    /// cannot also be one per key.
     pub fn checked(self) -> Result<Cli, clap::Error> {
-        if self.command.is_none() && self.poll.follow && self.poll.max_duration.is_none() {
+        let poll = &self.poll;
+        if self.command.is_some() {
+            return Ok(self);
+        }
+        if poll.follow && !poll.dry_run && poll.max_duration.is_none() {
             return Err(Cli::command().error(
                 ErrorKind::MissingRequiredArgument,
                 "--follow needs --max-duration (e.g. --follow --max-duration 55s from an \
                  every-minute crontab): a follow publishes new events until then",
+            ));
+        }
+        if poll.ordered && poll.ordered_by_key {
+            return Err(Cli::command().error(
+                ErrorKind::ArgumentConflict,
+                "--ordered and --ordered-by-key exclude each other: choose one order for the \
+                 whole table, or one per ordering_key",
             ));
         }
         Ok(self)
@@ -235,8 +251,7 @@ pub struct PollArgs {
 
     /// Order per ordering_key: one event of a key at a time, keys in parallel.
     #[arg(long, env = "OUTBOX_ORDERED_BY_KEY", action = ArgAction::SetTrue,
-          value_parser = clap::builder::BoolishValueParser::new(),
-          conflicts_with = "ordered")]
+          value_parser = clap::builder::BoolishValueParser::new())]
     pub ordered_by_key: bool,
 
     /// What becomes of a confirmed event: marked published, or deleted.

@@ -137,7 +137,11 @@ impl Relay {
             max_duration: args.max_duration,
             ordered: args.ordered,
             ordered_by_key: args.ordered_by_key,
-            on_publish: args.on_publish,
+            // A dry run deletes nothing: it needs no DELETE privilege.
+            on_publish: match args.dry_run {
+                true => OnPublish::Mark,
+                false => args.on_publish,
+            },
             dry_run: args.dry_run,
             metrics_file: args.metrics_file.clone(),
         };

@@ -24,6 +24,8 @@ use crate::cli::Cli;
 struct Bad {
     /// The subcommand whose argument it is; None for the top level's.
     subcommand: Option<String>,
+    /// A global option (every command reads it), or the poll run's own.
+    global: bool,
     arg: clap::Id,
     message: String,
 }
@@ -73,6 +75,7 @@ fn read_env(arg: Arg, subcommand: Option<&str>, bad: &mut Vec<Bad>) -> Arg {
         Err(error) => {
             bad.push(Bad {
                 subcommand: subcommand.map(str::to_owned),
+                global: arg.is_global_set(),
                 arg: arg.get_id().clone(),
                 message: describe(&arg, &name, &value, &error),
             });
@@ -124,10 +127,13 @@ fn reason(error: &clap::Error) -> String {
         .to_owned()
 }
 
-/// Whether the flag of `bad`'s argument was given on the command line (it
-/// then wins, and the variable does not matter).
+/// Whether the variable of `bad`'s argument does not matter: its flag was
+/// given on the command line (the flag wins), or the command run does not
+/// read it (a subcommand reads the global options and its own, not the
+/// poll run's).
 fn given(matches: &ArgMatches, bad: &Bad) -> bool {
     let matches = match &bad.subcommand {
+        None if matches.subcommand_name().is_some() && !bad.global => None,
         None => Some(matches),
         Some(name) => matches.subcommand_matches(name),
     };

@@ -10,6 +10,7 @@ use outbox_poll::commands::{generate, migrate, prune, requeue, status};
 use outbox_poll::config::{Database, Relay};
 use outbox_poll::connect::libpq::process_env;
 use outbox_poll::exit::{self, Exit};
+use outbox_poll::report::stderr;
 use outbox_poll::{environment, relay, report};
 
 fn main() -> ExitCode {
@@ -20,12 +21,12 @@ fn main() -> ExitCode {
         Ok(exit) => exit.into(),
         // A signal's stop is what the operator asked for, not an error.
         Err(error) if exit::is_stop(&error) => {
-            eprintln!("outbox-poll: {error:#}");
+            stderr::line(&format!("outbox-poll: {error:#}"));
             Exit::of(&error).into()
         }
         Err(error) => {
             // One line, `{:#}`: never Debug output, so never a backtrace.
-            eprintln!("outbox-poll: error: {error:#}");
+            stderr::line(&format!("outbox-poll: error: {error:#}"));
             Exit::of(&error).into()
         }
     }

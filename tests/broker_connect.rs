@@ -250,9 +250,9 @@ fn sigint_while_the_broker_does_not_answer_the_connect_exits_130_at_once() {
 }
 
 #[test]
-fn a_broker_blocking_publishers_ends_the_run_with_69_at_once_naming_its_reason() {
+fn a_broker_blocking_publishers_ends_a_drain_with_69_at_once_naming_its_reason() {
     let mut fx = Fixture::new("amqp_blocked");
-    fx.insert("e", 5);
+    fx.insert("e", 500);
     let node = RabbitNode::start();
     // The fixture's exchange and queue on the private node: declaring is
     // allowed under an alarm, publishing blocks.
@@ -260,9 +260,17 @@ fn a_broker_blocking_publishers_ends_the_run_with_69_at_once_naming_its_reason()
     on_node.declare(&fx.exchange, &fx.queue, "#");
     node.raise_memory_alarm();
     assert!(node.alarms().contains("memory"), "{}", node.alarms());
+    // Batches in flight: the second needs a channel of its own, and a
+    // blocked broker reads no channel.open either. The long timeouts show
+    // that neither the confirms nor that channel are waited for.
     let args = [
         "--amqp-url",
         &node.url(),
+        "--drain",
+        "--batch-size",
+        "100",
+        "--connect-timeout",
+        "60s",
         "--confirm-timeout",
         "120s",
         "--json",
@@ -286,7 +294,7 @@ fn a_broker_blocking_publishers_ends_the_run_with_69_at_once_naming_its_reason()
         .into_iter()
         .map(|message| message.message_id)
         .collect();
-    assert_eq!(delivered.len(), 5);
+    assert_eq!(delivered.len(), 500);
 }
 
 #[test]

@@ -152,7 +152,7 @@ fn ordered_and_ordered_by_key_together_are_a_usage_error() {
     let fx = Fixture::isolated("by_key_conflict");
     let run = fx.run(&["--ordered", BY_KEY]);
     assert_eq!(run.code, 2, "{}", run.stderr);
-    assert!(run.stderr.contains("cannot be used with"), "{}", run.stderr);
+    assert!(run.stderr.contains("exclude each other"), "{}", run.stderr);
     let run = fx.run_with(&[("OUTBOX_ORDERED", "true")], &[BY_KEY]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     let run = fx.run_with(

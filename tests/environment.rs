@@ -131,3 +131,31 @@ fn a_duration_longer_than_the_run_can_honour_is_a_usage_error_naming_its_maximum
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(fx.published_count(), 1);
 }
+
+#[test]
+fn a_boolean_variable_set_to_false_is_an_option_not_given() {
+    // In a database of its own, as every ordered mode's test.
+    let fx = Fixture::isolated("env_false");
+    for (variable, flag) in [
+        ("OUTBOX_ORDERED", "--ordered-by-key"),
+        ("OUTBOX_ORDERED_BY_KEY", "--ordered"),
+    ] {
+        for value in ["false", "0", "no", "off"] {
+            let run = fx.run_with(&[(variable, value)], &[flag]);
+            assert_eq!(run.code, 0, "{variable}={value} {flag}: {}", run.stderr);
+        }
+    }
+    // A follow set by its variable and turned off by --dry-run needs no end.
+    let run = fx.run_with(&[("OUTBOX_FOLLOW", "true")], &["--dry-run"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
+
+#[test]
+fn a_subcommand_reads_no_variable_of_the_poll_run() {
+    let fx = Fixture::new("env_subcommand");
+    let run = fx.run_with(&[("OUTBOX_BATCH_SIZE", "abc")], &["status"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // A global option's variable is read by every command.
+    let run = fx.run_with(&[("OUTBOX_MAX_ATTEMPTS", "abc")], &["status"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+}

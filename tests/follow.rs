@@ -359,6 +359,19 @@ fn max_batches_ends_a_follow() {
 }
 
 #[test]
+fn a_follow_opens_no_batch_once_max_duration_has_passed() {
+    let mut fx = notifying("follow_ends");
+    // With the trigger a quiet follow claims once a second: this event is
+    // due after its claim at 1 s and before its end at 1.5 s, and no
+    // insert announces it.
+    fx.insert_event("late", "order.created", "{}");
+    fx.execute("UPDATE {table} SET available_at = now() + interval '1200 ms'");
+    let (run, _) = Follower::start(&fx, &[], &["--max-duration", "1500ms"]).finish();
+    assert_eq!((run.code, run.field("batches")), (0, 0), "{}", run.stderr);
+    assert_eq!(fx.published_count(), 0);
+}
+
+#[test]
 fn two_followers_deliver_each_event_exactly_once() {
     let mut fx = notifying("follow_two");
     let args = ["--max-duration", "60s"];

@@ -80,6 +80,22 @@ fn migrate_and_poll_work_for_any_name_the_parser_accepts() {
 }
 
 #[test]
+fn migrate_gives_a_long_tables_indexes_distinct_names() {
+    let mut fx = Fixture::bare("migrate_long_name");
+    let table = format!("{}.{}", fx.schema, "t".repeat(60));
+    let run = fx.run(&["migrate", "--table", &table]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    let sql = format!(
+        "SELECT count(*) FROM pg_index WHERE indrelid = '\"{}\".{}'::regclass",
+        fx.schema,
+        "t".repeat(60)
+    );
+    let indexes: i64 = fx.db.query_one(&sql, &[]).unwrap().get(0);
+    // The primary key, event_id's unique index, and migrate's four.
+    assert_eq!(indexes, 6);
+}
+
+#[test]
 fn event_id_is_unique() {
     let mut fx = Fixture::new("migrate_unique");
     fx.insert_event("same", "t", "{}");

@@ -139,3 +139,25 @@ fn the_watchdog_ends_a_run_blocked_on_a_stdout_nobody_reads() {
     );
     assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
 }
+
+#[test]
+fn a_closed_stderr_ends_quietly_with_the_runs_own_exit_code() {
+    let mut fx = Fixture::new("stderr_closed_pipe");
+    fx.insert("e", 3);
+    fx.execute("UPDATE {table} SET attempts = 10 WHERE event_id = 'e-1'");
+    // The threshold's line and an error's line both go to a closed stderr.
+    let output = fx
+        .command()
+        .args(["status", "--fail-if-dead"])
+        .stderr(closed_pipe())
+        .output()
+        .expect("running outbox-poll");
+    assert_eq!(output.status.code(), Some(1), "the dead event makes it 1");
+    let output = fx
+        .command()
+        .args(["--table", "no_such.outbox"])
+        .stderr(closed_pipe())
+        .output()
+        .expect("running outbox-poll");
+    assert_eq!(output.status.code(), Some(78));
+}

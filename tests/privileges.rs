@@ -133,6 +133,10 @@ fn delete_mode_without_the_delete_grant_exits_78_before_publishing() {
     );
     assert!(fx.messages().is_empty(), "nothing was published");
     assert_eq!((fx.rows().len(), fx.published_count()), (3, 0));
+    // A dry run deletes nothing, and needs no DELETE.
+    let args = ["--on-publish", "delete", "--dry-run"];
+    let run = fx.run_with(&[("DATABASE_URL", &url)], &args);
+    assert_eq!(run.code, 0, "{}", run.stderr);
 }
 
 #[test]

@@ -49,8 +49,9 @@ impl Broker {
     }
 
     /// What the broker said about a batch `send` handed it. A batch is sent
-    /// only on a connected publisher, which stays until `close`; without
-    /// one nothing could have been confirmed.
+    /// only on a connected publisher, which stays until `close` (or a
+    /// follow's `disconnect`, never with a batch in flight); without one
+    /// nothing could have been confirmed.
     pub fn outcome(&mut self, sent: Sent, events: &[Event]) -> Outcome {
         match self.publisher.as_mut() {
             Some(publisher) => publisher.outcome(sent, events),

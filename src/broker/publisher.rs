@@ -14,9 +14,9 @@ use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio::runtime::Runtime;
-use tokio::time::{Instant, timeout, timeout_at};
+use tokio::time::{Instant, timeout};
 
-use crate::broker::alarm::Alarm;
+use crate::broker::alarm::{Alarm, Cutoff};
 use crate::broker::round::{Issued, Round, await_round, issue_round, publish_round};
 use crate::cli::ExchangeKind;
 use crate::connect::amqp::{connect_first, refusal, reply_code};
@@ -122,6 +122,8 @@ pub struct Publisher {
     /// The node that accepted, for messages.
     broker: String,
     alarm: Alarm,
+    /// A signal ends a wait for a channel at once.
+    stop: Stop,
 }
 
 /// A batch handed to the broker, its confirms not yet awaited.
@@ -183,6 +185,7 @@ impl Publisher {
             config: config.clone(),
             broker,
             alarm,
+            stop: stop.clone(),
         })
     }
 
@@ -390,33 +393,49 @@ impl Publisher {
         if let Some(channel) = self.idle.pop() {
             return Ok(channel);
         }
+        let deadline = Instant::now() + self.config.connect_timeout;
         let broker = &self.broker;
-        // The timer must be made inside the runtime: tokio's timeout
-        // panics when called outside one, so it goes in the async block.
-        self.runtime
-            .block_on(async {
-                timeout(
-                    self.config.connect_timeout,
-                    open_channel(&self.connection, &self.config, broker),
-                )
-                .await
-            })
-            .map_err(|_| {
-                exit::outage(anyhow!(
-                    "RabbitMQ at {broker} did not open a channel in time"
-                ))
-            })?
+        self.open_channel_until(deadline, || {
+            exit::outage(anyhow!(
+                "RabbitMQ at {broker} did not open a channel in time"
+            ))
+        })
     }
 
     /// A fresh channel in place of one the broker closed, by the batch's
     /// confirm deadline.
     fn open_channel_by(&self, deadline: Instant) -> Result<Channel> {
-        self.runtime
-            .block_on(async {
-                let opened = open_channel(&self.connection, &self.config, &self.broker);
-                timeout_at(deadline, opened).await
-            })
-            .map_err(|_| self.outage(&anyhow!("reopening the channel"), true))?
+        self.open_channel_until(deadline, || {
+            self.outage(&anyhow!("reopening the channel"), true)
+        })
+    }
+
+    /// Opens a channel by `deadline` (`late` says what missing it means).
+    /// A broker that blocks publishers reads nothing more, channel.open
+    /// included, so the wait ends at once when it does, as a signal ends it.
+    fn open_channel_until(
+        &self,
+        deadline: Instant,
+        late: impl FnOnce() -> anyhow::Error,
+    ) -> Result<Channel> {
+        let opened = open_channel(&self.connection, &self.config, &self.broker);
+        // The timers must be made inside the runtime: tokio's panic when
+        // made outside one, so they go in the async block.
+        let waited = self.runtime.block_on(async {
+            let limit = deadline.saturating_duration_since(Instant::now());
+            wait::on_future(limit, &self.stop, self.alarm.until(deadline, opened)).await
+        });
+        match waited {
+            Waited::Done(Ok(channel)) => channel,
+            Waited::Done(Err(Cutoff::Blocked)) => {
+                Err(self.outage(&anyhow!("opening a channel"), false))
+            }
+            Waited::Done(Err(Cutoff::Deadline)) | Waited::TimedOut => Err(late()),
+            Waited::Stopped(exit) => Err(wait::stopped_while(
+                exit,
+                &format!("opening a channel on RabbitMQ at {}", self.broker),
+            )),
+        }
     }
 
     fn outage(&self, error: &anyhow::Error, timed_out: bool) -> anyhow::Error {

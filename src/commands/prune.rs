@@ -36,7 +36,7 @@ use crate::sql::partitions::{self, Dropped, Refusal};
 use crate::sql::prune::{self, Kind};
 
 /// How long one batch may take. The server's usual 30 s bound is for the
-/// relay's by-key statements; the last batch of a prune may have to scan
+/// relay's statements by primary key; the last batch of a prune may have to scan
 /// the whole table to find that nothing old is left, and it holds row locks
 /// only on rows nobody else wants (published, or dead and old).
 const BATCH_TIMEOUT: &str = "15min";
@@ -143,7 +143,7 @@ fn drop_partitions(
                 }
             }
         }
-        dropped.names.push(partition);
+        dropped.names.push(partition.to_string());
         dropped.rows += rows;
     }
     Ok(dropped)

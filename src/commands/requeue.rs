@@ -15,7 +15,7 @@ use crate::config::Database;
 use crate::connect::database;
 use crate::exit::Exit;
 use crate::guard::watchdog::Watchdog;
-use crate::report::{plural, stdout};
+use crate::report::{plural, stderr, stdout};
 use crate::sql::requeue::{self, Named};
 
 /// What a requeue did.
@@ -27,7 +27,8 @@ struct Report {
 }
 
 pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<Exit> {
-    let _watchdog = Watchdog::for_command(database.connect_budget(), "requeue")?;
+    // One statement updates and reports (a margin of two more).
+    let _watchdog = Watchdog::for_command(database.connect_budget(), 3, "requeue")?;
     let mut client = database::connect(
         &database.conninfo,
         database.connect_timeout,
@@ -65,10 +66,12 @@ pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<Exit> 
 /// Each named id left alone on stderr, the count (or the JSON) on stdout.
 fn tell(report: &Report, json: bool) -> Result<()> {
     for id in &report.unknown {
-        eprintln!("outbox-poll: unknown event id: {id}");
+        stderr::line(&format!("outbox-poll: unknown event id: {id}"));
     }
     for id in &report.already_published {
-        eprintln!("outbox-poll: event id {id} is already published; left as it is");
+        stderr::line(&format!(
+            "outbox-poll: event id {id} is already published; left as it is"
+        ));
     }
     let line = if json {
         serde_json::json!({

@@ -12,12 +12,14 @@ use crate::config::Database;
 use crate::connect::database;
 use crate::exit::Exit;
 use crate::guard::watchdog::Watchdog;
-use crate::report::{plural, stdout};
+use crate::report::{plural, stderr, stdout};
 use crate::sql::figures::{self, Figures, HeldBack};
 use crate::sql::table::TableName;
 
 pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
-    let _watchdog = Watchdog::for_command(database.connect_budget(), "status")?;
+    // The figures (one or by type), the held-back age (the column lookup,
+    // a transaction of four statements) and the dead-tuple ratio.
+    let _watchdog = Watchdog::for_command(database.connect_budget(), 8, "status")?;
     let mut client = database::connect(
         &database.conninfo,
         database.connect_timeout,
@@ -44,7 +46,7 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
     stdout::write(text.as_bytes()).map_err(stdout::unwritable)?;
     let crossed = thresholds_crossed(&total, args);
     for line in &crossed {
-        eprintln!("outbox-poll: {line} in table {table}");
+        stderr::line(&format!("outbox-poll: {line} in table {table}"));
     }
     Ok(match crossed.is_empty() {
         true => Exit::Success,

@@ -24,18 +24,23 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-/// `?password=...` is also legal in a PostgreSQL URL.
+/// `?password=...` is also legal in a PostgreSQL URL, and so is
+/// `sslpassword=` (the client key's): every query parameter whose name
+/// holds "password" has its value masked.
 fn redact_query(path: &str) -> String {
-    match path.find("password=") {
-        Some(start) => {
-            let value_start = start + "password=".len();
-            let value_end = path[value_start..]
-                .find('&')
-                .map_or(path.len(), |end| value_start + end);
-            format!("{}***{}", &path[..value_start], &path[value_end..])
-        }
-        None => path.to_string(),
-    }
+    let Some((before, query)) = path.split_once('?') else {
+        return path.to_string();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if key.to_ascii_lowercase().contains("password") => {
+                format!("{key}=***")
+            }
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{before}?{}", pairs.join("&"))
 }
 
 #[cfg(test)]
@@ -64,5 +69,7 @@ mod tests {
             );
         }
         assert!(!redact_url("host=h password=p").contains("=p"));
+        let both = redact_url("postgresql://h/db?sslpassword=x&password=SECRET&a=%zz");
+        assert!(!both.contains("SECRET") && !both.contains("=x"), "{both}");
     }
 }

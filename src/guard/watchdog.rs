@@ -20,6 +20,7 @@ use anyhow::{Context, Result};
 
 use crate::connect::database::STATEMENT_TIMEOUT;
 use crate::exit::Exit;
+use crate::report::stderr;
 use crate::report::totals::Totals;
 
 /// Added to every budget: the bounds it sums are the servers' and the
@@ -73,12 +74,16 @@ impl Watchdog {
         }
     }
 
-    /// One budget for a whole short command (status, requeue): connecting
-    /// (`connect_budget`: every host of the list) and a few statements, each
-    /// bounded by the server's statement_timeout.
-    pub fn for_command(connect_budget: Duration, what: &'static str) -> Result<Self> {
+    /// One budget for a whole short command (status, requeue): connecting,
+    /// then `statements` statements, each bounded by the server's
+    /// statement_timeout.
+    pub fn for_command(
+        connect_budget: Duration,
+        statements: u32,
+        what: &'static str,
+    ) -> Result<Self> {
         let watchdog = Watchdog::spawn(|_| {})?;
-        let budget = connect_budget + 3 * STATEMENT_TIMEOUT + MARGIN;
+        let budget = connect_budget + statements * STATEMENT_TIMEOUT + MARGIN;
         watchdog.arm(budget, what, Totals::default());
         Ok(watchdog)
     }
@@ -104,13 +109,13 @@ fn watch(state: &(Mutex<Armed>, Condvar), on_fire: &OnFire) {
         };
         let now = Instant::now();
         if now >= deadline {
-            eprintln!(
+            stderr::line(&format!(
                 "outbox-poll: error: {what} did not finish within {} (PostgreSQL or RabbitMQ \
                  stopped answering); the run was abandoned: nothing the broker had not confirmed \
                  was marked, and PostgreSQL rolls back a transaction not yet committed, whose \
                  events the next run sends again; check the network and both servers",
                 humantime::format_duration(budget)
-            );
+            ));
             fire(on_fire, armed.totals);
             std::process::exit(i32::from(Exit::Unavailable.code()));
         }

@@ -30,6 +30,11 @@ pub struct Drain<'a> {
     pub progress: &'a mut Progress,
     pub totals: &'a mut Totals,
     pub started: Instant,
+    /// How many sessions the run may have: one for each batch in flight,
+    /// fewer once the server has refused one more. Kept for the whole run,
+    /// so that a follow, whose sessions go and come with each burst, tries
+    /// and warns only once.
+    pub session_limit: usize,
 }
 
 /// The batches in flight, oldest first, each with the index of its session.
@@ -39,9 +44,6 @@ type Flight = VecDeque<(usize, InFlight)>;
 struct Sessions<'s> {
     all: &'s mut Vec<Session>,
     idle: Vec<usize>,
-    /// How many the run may have: one for each batch in flight, fewer once
-    /// the server has refused one more.
-    limit: usize,
 }
 
 /// How long a row behind the drain's claims may wait while the drain goes
@@ -128,7 +130,6 @@ impl Drain<'_> {
             // sessions an earlier backlog opened, all idle.
             idle: (0..sessions.len()).rev().collect(),
             all: sessions,
-            limit: self.relay.in_flight,
         };
         let mut flight = Flight::new();
         let mut claims = Claims::new();
@@ -261,7 +262,7 @@ impl Drain<'_> {
         if let Some(index) = sessions.idle.pop() {
             return Some(index);
         }
-        if !backlog || sessions.all.len() >= sessions.limit {
+        if !backlog || sessions.all.len() >= self.session_limit {
             return None;
         }
         let budget = self.database.connect_budget() + STATEMENT_TIMEOUT + watchdog::MARGIN;
@@ -275,8 +276,8 @@ impl Drain<'_> {
             // A signal came: no new batch starts, which may_open now says.
             Err(error) if exit::is_stop(&error) => None,
             Err(error) => {
-                sessions.limit = sessions.all.len();
-                match sessions.limit {
+                self.session_limit = sessions.all.len();
+                match self.session_limit {
                     1 => log::warn!("draining one batch at a time: {error:#}"),
                     n => log::warn!("draining with {n} batches in flight: {error:#}"),
                 }

@@ -80,6 +80,12 @@ impl Drain<'_> {
             }
             let poll = next_poll(listening.notified, busy_at.elapsed());
             self.wait(sessions, Instant::now() + poll, busy_at)?;
+            // The wait also ends at --max-duration or a signal: no new
+            // round then (a run's first batch opens whatever the limits,
+            // and a follow may not have opened one yet).
+            if !self.within_limits(self.totals.batches) {
+                return Ok(());
+            }
         }
     }
 

@@ -97,6 +97,7 @@ fn run_batches(
         progress: &mut progress,
         totals,
         started,
+        session_limit: relay.in_flight,
     };
     let result = match relay.follow {
         true => drain.follow(&mut sessions),
@@ -105,7 +106,8 @@ fn run_batches(
     progress.done(totals);
     watchdog.arm(CLOSE_BUDGET, "closing the broker connection", *totals);
     broker.close();
-    let budget = STATEMENT_TIMEOUT + watchdog::MARGIN;
+    // The figures and the dead-tuple ratio.
+    let budget = 2 * STATEMENT_TIMEOUT + watchdog::MARGIN;
     watchdog.arm(budget, "reading the backlog for the metrics file", *totals);
     *backlog = metrics::backlog(&mut sessions[0].client, database, relay);
     result?;

@@ -12,11 +12,13 @@
 //! primary key's actual end: right after a prune of millions of rows,
 //! before a vacuum, that walks millions of dead index entries, 32 to 50 ms
 //! of planning per claim (measured on 5,000,000 rows; see the README's
-//! Scaling). A generic plan has no value to probe with. The statements are
-//! all by primary key, on the pending index or tiny, and their generic
-//! plans are the ones a value would pick (checked with EXPLAIN: the claims
-//! walk the pending index in id order, the marks look up the primary key);
-//! on a partitioned table the plan, made once, also spares each claim the
+//! Scaling). A generic plan has no value to probe with. The plain claims
+//! and the marks are by primary key, on the pending index, and their
+//! generic plans are the ones a value would pick (checked with EXPLAIN:
+//! the claims walk the pending index in id order, the marks look up the
+//! primary key); the ordered modes' claims walk their order indexes (their
+//! figures under these plans are in the README's Performance). On a
+//! partitioned table the plan, made once, also spares each claim the
 //! planning of every partition.
 
 use anyhow::Result;

@@ -23,6 +23,7 @@ use postgres::Client;
 
 use crate::config::{Database, Relay};
 use crate::exit::{self, Exit};
+use crate::report::stderr;
 use crate::report::totals::Totals;
 use crate::sql::figures::{self, Figures};
 
@@ -89,7 +90,7 @@ pub fn after_run(
         (Ok(()), result) => result,
         (Err(error), Ok(Exit::Success)) => Err(exit::config(error)),
         (Err(error), result) => {
-            eprintln!("outbox-poll: warning: {error:#}");
+            stderr::line(&format!("outbox-poll: warning: {error:#}"));
             result
         }
     }

@@ -7,6 +7,7 @@ pub mod logging;
 pub mod metrics;
 pub mod panic;
 pub mod progress;
+pub mod stderr;
 pub mod stdout;
 pub mod summary;
 pub mod totals;

@@ -7,6 +7,7 @@
 //! transactions of the connections that go with the process.
 
 use crate::exit::Exit;
+use crate::report::stderr;
 
 /// Installs the hook for the rest of the process.
 pub fn one_line() {
@@ -21,10 +22,10 @@ pub fn one_line() {
             .location()
             .map(|location| format!(" at {}:{}", location.file(), location.line()))
             .unwrap_or_default();
-        eprintln!(
+        stderr::line(&format!(
             "outbox-poll: internal error: {what}{place}; this is a bug, please report it (nothing \
              unconfirmed was marked: the next run sends the events of any batch not committed)"
-        );
+        ));
         std::process::exit(i32::from(Exit::Internal.code()));
     }));
 }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::exit::Exit;
+use crate::report::stderr;
 use crate::report::stdout;
 use crate::report::totals::Totals;
 
@@ -19,7 +20,9 @@ pub fn after_run(totals: &Totals, started: Instant, result: Result<Exit>) -> Res
         (Ok(()), result) => result,
         (Err(error), Ok(Exit::Success)) => Err(stdout::unwritable(error)),
         (Err(error), result) => {
-            eprintln!("outbox-poll: warning: cannot write the JSON summary to stdout: {error}");
+            stderr::line(&format!(
+                "outbox-poll: warning: cannot write the JSON summary to stdout: {error}"
+            ));
             result
         }
     }

@@ -48,14 +48,54 @@ pub const OPT_INTO_NOTIFY: &str = "SELECT set_config('outbox_poll.notify', 'on',
 /// `current_setting('outbox_poll.table', true)::regclass`.
 pub const NAME_THE_TABLE: &str = "SELECT set_config('outbox_poll.table', $1, true)";
 
-/// A migration's SQL for `table`. Index names first: the table's own name
-/// may start with `outbox_` too, and must not be rewritten again once it is
-/// in.
+/// A migration's SQL for `table`: `"outbox"` becomes the quoted table,
+/// and each `"outbox_<suffix>"` (an index) the table's own `<name>_<suffix>`
+/// (see `object_name`). Index names first: the table's own name may start
+/// with `outbox_` too, and must not be rewritten again once it is in.
 pub fn for_table(sql: &str, table: &TableName) -> String {
-    let index_prefix = quote(&format!("{}_", table.name()));
-    let index_prefix = index_prefix.trim_end_matches('"');
-    sql.replace("\"outbox_", index_prefix)
-        .replace("\"outbox\"", &table.quoted())
+    const PLACEHOLDER: &str = "\"outbox_";
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(start) = rest.find(PLACEHOLDER) {
+        let after = &rest[start + PLACEHOLDER.len()..];
+        let Some(end) = after.find('"') else { break };
+        out.push_str(&rest[..start]);
+        out.push_str(&quote(&object_name(table.name(), &after[..end])));
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    out.replace("\"outbox\"", &table.quoted())
+}
+
+/// PostgreSQL keeps the first 63 bytes of an identifier and drops the rest
+/// with only a NOTICE: two index names of a long table would then become
+/// one, and `CREATE INDEX IF NOT EXISTS` would skip the second without a
+/// word.
+const MAX_IDENTIFIER_BYTES: usize = 63;
+
+/// `<table>_<suffix>`, or, where that is longer than PostgreSQL keeps, the
+/// table's name cut short, a hash of the whole name and the suffix: still
+/// distinct for each suffix and each table, and the same at every migrate.
+fn object_name(table: &str, suffix: &str) -> String {
+    let full = format!("{table}_{suffix}");
+    if full.len() <= MAX_IDENTIFIER_BYTES {
+        return full;
+    }
+    let hash = format!("{:08x}", fnv1a(full.as_bytes()));
+    let room = MAX_IDENTIFIER_BYTES.saturating_sub(suffix.len() + hash.len() + 2);
+    let mut cut = room.min(table.len());
+    while !table.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}_{hash}_{suffix}", &table[..cut])
+}
+
+/// FNV-1a, 32 bits: a stable hash that needs no dependency (the standard
+/// library's may change between releases, and the names must not).
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |hash, &byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    })
 }
 
 #[cfg(test)]
@@ -81,6 +121,29 @@ mod tests {
             sql.contains(r#""outbox_orders_pending_idx" ON "outbox_archive"."outbox_orders""#),
             "{sql}"
         );
+    }
+
+    #[test]
+    fn a_long_tables_index_names_stay_distinct_within_postgresqls_63_bytes() {
+        let table = TableName::parse(&"t".repeat(60)).unwrap();
+        let names: Vec<String> = MIGRATIONS
+            .iter()
+            .flat_map(|(_, sql)| {
+                let sql = for_table(sql, &table);
+                sql.split("INDEX IF NOT EXISTS \"")
+                    .skip(1)
+                    .map(|rest| rest[..rest.find('"').unwrap()].to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+        for name in &names {
+            assert!(name.len() <= 63, "{name}");
+        }
+        let distinct: std::collections::HashSet<&String> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        // A name that fits is left as it always was.
+        assert_eq!(object_name("outbox", "pending_idx"), "outbox_pending_idx");
     }
 
     #[test]

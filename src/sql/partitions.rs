@@ -8,9 +8,9 @@
 //! space at once, where deleting them row by row takes minutes and leaves
 //! the space to vacuum.
 //!
-//! A partition's name comes from the catalog as PostgreSQL itself prints
-//! it (`oid::regclass::text`: quoted where needed, qualified unless its
-//! schema is on the search path), so it can be used in SQL as it is.
+//! A partition's name comes from the catalog (its schema and its name),
+//! and enters SQL only quoted (`TableName::quoted`), as the outbox's own
+//! name does.
 
 use std::time::Duration;
 
@@ -58,7 +58,7 @@ pub fn candidates(
     client: &mut Client,
     table: &TableName,
     age: Duration,
-) -> Result<Result<Vec<String>, Refusal>> {
+) -> Result<Result<Vec<TableName>, Refusal>> {
     if !by_created_at(client, table)? {
         return Ok(Err(Refusal::NotPartitioned));
     }
@@ -74,18 +74,22 @@ pub fn candidates(
     }
     let rows = client
         .query(
-            "SELECT name FROM ( \
-               SELECT c.oid::regclass::text AS name, \
+            "SELECT schema, name FROM ( \
+               SELECT n.nspname::text AS schema, c.relname::text AS name, \
                  (regexp_match(pg_get_expr(c.relpartbound, c.oid), \
                                ' TO \\(''([^'']*)''\\)$'))[1]::timestamptz AS upper \
                FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
                WHERE i.inhparent = $1::text::regclass AND c.relkind = 'r' \
                  AND pg_has_role(c.relowner, 'USAGE')) p \
              WHERE upper <= now() - make_interval(secs => $2) ORDER BY upper",
             &[&table.quoted(), &age.as_secs_f64()],
         )
         .map_err(|error| classify_on_table(&error, what, table))?;
-    Ok(Ok(rows.iter().map(|row| row.get(0)).collect()))
+    Ok(Ok(rows
+        .iter()
+        .map(|row| TableName::from_catalog(row.get(0), row.get(1)))
+        .collect()))
 }
 
 /// How many rows `partition` holds if prune may drop it: every row in it
@@ -94,14 +98,15 @@ pub fn candidates(
 pub fn droppable_rows(
     client: &mut Client,
     table: &TableName,
-    partition: &str,
+    partition: &TableName,
     age: Duration,
 ) -> Result<Option<i64>> {
     let row = client
         .query_one(
             &format!(
                 "SELECT count(*), count(*) FILTER (WHERE published_at IS NULL \
-                   OR published_at >= now() - make_interval(secs => $1)) FROM {partition}"
+                   OR published_at >= now() - make_interval(secs => $1)) FROM {}",
+                partition.quoted()
             ),
             &[&age.as_secs_f64()],
         )
@@ -136,14 +141,19 @@ const DETACH_LOCK_TIMEOUT: &str = "1s";
 /// (Events published since then were unpublished when it was read, so it
 /// was not offered.) The check and the drop are one transaction, so a kept
 /// partition was never detached as far as anyone else can tell.
-pub fn detach_and_drop(client: &mut Client, table: &TableName, partition: &str) -> Result<Dropped> {
+pub fn detach_and_drop(
+    client: &mut Client,
+    table: &TableName,
+    partition: &TableName,
+) -> Result<Dropped> {
     let mut transaction = client
         .transaction()
         .map_err(|error| drop_error(&error, table, partition))?;
     let detached = transaction.batch_execute(&format!(
         "SET LOCAL lock_timeout = '{DETACH_LOCK_TIMEOUT}'; \
-         ALTER TABLE {} DETACH PARTITION {partition}",
-        table.quoted()
+         ALTER TABLE {} DETACH PARTITION {}",
+        table.quoted(),
+        partition.quoted()
     ));
     match detached {
         Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
@@ -153,7 +163,10 @@ pub fn detach_and_drop(client: &mut Client, table: &TableName, partition: &str) 
     }
     let pending = transaction
         .query_one(
-            &format!("SELECT EXISTS (SELECT FROM {partition} WHERE published_at IS NULL)"),
+            &format!(
+                "SELECT EXISTS (SELECT FROM {} WHERE published_at IS NULL)",
+                partition.quoted()
+            ),
             &[],
         )
         .map_err(|error| drop_error(&error, table, partition))?;
@@ -161,7 +174,7 @@ pub fn detach_and_drop(client: &mut Client, table: &TableName, partition: &str) 
         return Ok(Dropped::Kept);
     }
     transaction
-        .batch_execute(&format!("DROP TABLE {partition}"))
+        .batch_execute(&format!("DROP TABLE {}", partition.quoted()))
         .map_err(|error| drop_error(&error, table, partition))?;
     transaction
         .commit()
@@ -171,6 +184,6 @@ pub fn detach_and_drop(client: &mut Client, table: &TableName, partition: &str) 
 
 /// A refusal names the partition; a missing privilege is exit 78 (the
 /// owner's role is checked first, so only a change of owner meanwhile).
-fn drop_error(error: &postgres::Error, table: &TableName, partition: &str) -> anyhow::Error {
+fn drop_error(error: &postgres::Error, table: &TableName, partition: &TableName) -> anyhow::Error {
     classify_on_table(error, &format!("dropping partition {partition}"), table)
 }

@@ -28,6 +28,16 @@ impl TableName {
         Ok(TableName { schema, name })
     }
 
+    /// A table as the catalog names it (pg_namespace.nspname,
+    /// pg_class.relname): names PostgreSQL itself holds, used in SQL only
+    /// through `quoted`.
+    pub fn from_catalog(schema: String, name: String) -> Self {
+        TableName {
+            schema: Some(schema),
+            name,
+        }
+    }
+
     /// The bare table name, unquoted (used to derive index names).
     pub fn name(&self) -> &str {
         &self.name
@@ -60,10 +70,10 @@ fn as_typed(part: &str) -> String {
     }
 }
 
-/// Quotes one identifier. Callers only pass validated parts, which contain
-/// no double quote, so no escaping is needed.
+/// Quotes one identifier, doubling any double quote in it as PostgreSQL
+/// reads them. Parsed parts hold none; the catalog's names may.
 pub fn quote(identifier: &str) -> String {
-    format!("\"{identifier}\"")
+    format!("\"{}\"", identifier.replace('"', "\"\""))
 }
 
 fn split_parts(text: &str) -> Result<Vec<String>, String> {
@@ -179,6 +189,12 @@ mod tests {
             assert_eq!(table.to_string(), text);
             assert_eq!(TableName::parse(&table.to_string()).unwrap(), table);
         }
+    }
+
+    #[test]
+    fn a_catalog_name_with_a_double_quote_is_quoted_as_postgresql_reads_it() {
+        let table = TableName::from_catalog("s".into(), r#"a"b"#.into());
+        assert_eq!(table.quoted(), r#""s"."a""b""#);
     }
 
     #[test]
