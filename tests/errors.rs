@@ -90,6 +90,17 @@ fn missing_column_exits_78_naming_it_before_anything_is_published() {
 }
 
 #[test]
+fn a_column_only_the_marks_use_missing_fails_even_a_run_with_nothing_due() {
+    let mut fx = Fixture::new("missing_column_empty");
+    fx.execute("ALTER TABLE {table} DROP COLUMN last_error");
+    let run = fx.run(&[]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(run.stderr.contains("last_error"), "{}", run.stderr);
+    assert!(run.stderr.contains("outbox-poll migrate"), "{}", run.stderr);
+}
+
+#[test]
 fn missing_exchange_exits_78_and_marks_nothing() {
     let mut fx = Fixture::new("missing_exchange");
     fx.insert("e", 2);

@@ -128,7 +128,7 @@ pub fn held_back(
     max_attempts: i32,
 ) -> Result<Option<HeldBack>> {
     const WHAT: &str = "reading what holds the ordered modes back";
-    if !columns::of_table(client, table, WHAT)?.producer_xid {
+    if !columns::of_table(client, table, WHAT)?.columns.producer_xid {
         return Ok(None);
     }
     let classify = |error: postgres::Error| classify_on_table(&error, WHAT, table);

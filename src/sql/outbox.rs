@@ -2,9 +2,11 @@
 //!
 //! Each runs in the batch's transaction, which the caller has opened on
 //! the client. Statements are prepared once per connection and reused by
-//! every batch of a drain. Preparing them all up front also checks the table's shape
-//! before anything is claimed or published: a missing column must stop the
-//! run at the start, not after the broker has the messages.
+//! every batch of a drain, each when a batch first needs it: an empty run
+//! prepares its claim and nothing else. The marks are prepared as soon as a
+//! claim returns events, before any is published, and the table's shape is
+//! checked at the start: a missing column must stop the run before the
+//! broker has the messages, not after.
 //!
 //! The relay's sessions plan these statements once, generically (see
 //! `relay::session`): a plan for the values of one execution may probe
@@ -23,7 +25,6 @@ use crate::cli::OnPublish;
 use crate::connect::database::{classify_on_table, describe};
 use crate::exit;
 use crate::sql::columns::{self, Columns};
-use crate::sql::partitions;
 use crate::sql::table::TableName;
 
 /// Backoff after a failed attempt: `BACKOFF_BASE * 2^attempts`, capped at
@@ -109,13 +110,13 @@ pub struct Outbox {
     /// The claim of the run's order; a plain claim from the head of the
     /// table has no range on id (see claim_sql).
     claim: Statement,
-    /// A plain claim from an id on, a drain's while a backlog lasts. None
-    /// in the ordered modes, which always consider the whole table.
+    /// A plain claim from an id on, a drain's while a backlog lasts,
+    /// prepared at its first use: the ordered modes always consider the
+    /// whole table, and a single run claims from the head.
     claim_from: Option<Statement>,
-    /// `published_at = now()`, or with --on-publish delete the DELETE.
-    mark_published: Statement,
-    mark_failed: Statement,
-    mark_declined: Statement,
+    on_publish: OnPublish,
+    /// Prepared by the first claim that returns events.
+    marks: Option<Marks>,
     /// Only in the ordered modes (see `before_claim`): plain runs need none.
     before_claim: Option<Statement>,
     /// The table is partitioned by created_at: the marks carry the range
@@ -124,6 +125,14 @@ pub struct Outbox {
     by_created_at: bool,
     /// Where the last claim's events were created.
     claimed: Created,
+}
+
+/// The statements that record what the broker said.
+struct Marks {
+    /// `published_at = now()`, or with --on-publish delete the DELETE.
+    published: Statement,
+    failed: Statement,
+    declined: Statement,
 }
 
 /// The created_at range of a claimed batch, in seconds since the epoch:
@@ -173,51 +182,74 @@ impl Outbox {
         order: Order,
         on_publish: OnPublish,
     ) -> Result<Self> {
-        const WHAT: &str = "preparing the queries";
-        let columns = columns::of_table(client, table, WHAT)?;
-        let prepare = |client: &mut Client, sql: &str| {
-            client
-                .prepare(sql)
-                .map_err(|error| classify_on_table(&error, WHAT, table))
-        };
+        let shape = columns::of_table(client, table, PREPARING)?;
+        if !shape.last_error {
+            // Only the marks write it, so no claim would notice it is
+            // missing, and an empty run would succeed on a table that a
+            // run with events must refuse.
+            return Err(exit::config(anyhow!(
+                "{PREPARING} on table {table}: column \"last_error\" does not exist; run \
+                 `outbox-poll migrate --table {table}` to create or upgrade the table"
+            )));
+        }
         let quoted = table.quoted();
-        let selected = selected(&columns);
+        let selected = selected(&shape.columns);
         let claim = match order {
             Order::Plain => claim_sql(&quoted, &selected, false),
             Order::Strict => ordered_claim_sql(&quoted, &selected),
             Order::ByKey => by_key_claim_sql(&quoted, &selected),
         };
-        let claim_from = match order {
-            Order::Plain => Some(prepare(client, &claim_sql(&quoted, &selected, true))?),
-            Order::Strict | Order::ByKey => None,
+        let before_claim = match order {
+            Order::Strict => Some(prepare(client, LOCK_AND_SEE_SESSIONS_SQL, table)?),
+            Order::ByKey => Some(prepare(client, SEE_SESSIONS_SQL, table)?),
+            Order::Plain => None,
         };
-        let by_created_at = partitions::by_created_at(client, table)?;
-        let mark_published = match on_publish {
-            OnPublish::Mark => mark_published_sql(&quoted, by_created_at),
-            OnPublish::Delete => delete_published_sql(&quoted, by_created_at),
-        };
-        let outbox = Outbox {
-            claim: prepare(client, &claim)?,
-            claim_from,
-            mark_published: prepare(client, &mark_published)?,
-            mark_failed: prepare(client, &mark_failed_sql(&quoted, by_created_at))?,
-            mark_declined: prepare(client, &mark_declined_sql(&quoted, by_created_at))?,
-            before_claim: match order {
-                Order::Strict => Some(prepare(client, LOCK_AND_SEE_SESSIONS_SQL)?),
-                Order::ByKey => Some(prepare(client, SEE_SESSIONS_SQL)?),
-                Order::Plain => None,
-            },
+        let mut outbox = Outbox {
+            claim: prepare(client, &claim, table)?,
+            claim_from: None,
+            on_publish,
+            marks: None,
+            before_claim,
             table: table.clone(),
             max_attempts,
             order,
-            columns,
-            by_created_at,
+            columns: shape.columns,
+            by_created_at: shape.by_created_at,
             claimed: Created::ALL,
         };
         if on_publish == OnPublish::Delete {
+            outbox.prepare_marks(client)?;
             outbox.check_delete(client)?;
         }
         Ok(outbox)
+    }
+
+    fn prepare_marks(&mut self, client: &mut Client) -> Result<()> {
+        if self.marks.is_some() {
+            return Ok(());
+        }
+        let (quoted, partitioned) = (self.table.quoted(), self.by_created_at);
+        let published = match self.on_publish {
+            OnPublish::Mark => mark_published_sql(&quoted, partitioned),
+            OnPublish::Delete => delete_published_sql(&quoted, partitioned),
+        };
+        self.marks = Some(Marks {
+            published: prepare(client, &published, &self.table)?,
+            failed: prepare(client, &mark_failed_sql(&quoted, partitioned), &self.table)?,
+            declined: prepare(
+                client,
+                &mark_declined_sql(&quoted, partitioned),
+                &self.table,
+            )?,
+        });
+        Ok(())
+    }
+
+    /// The marks, which every claim that returned events has prepared.
+    fn marks(&self) -> Result<&Marks> {
+        self.marks
+            .as_ref()
+            .ok_or_else(|| anyhow!("a batch was marked before its claim prepared the marks"))
     }
 
     /// PostgreSQL checks privileges when a statement runs, not when it is
@@ -225,13 +257,14 @@ impl Outbox {
     /// DELETE stops here, before anything is claimed or published, rather
     /// than at the first batch's marks, after the broker has the messages.
     fn check_delete(&self, client: &mut Client) -> Result<()> {
+        let published = &self.marks()?.published;
         let result = match self.by_created_at {
-            true => client.execute(&self.mark_published, &[&Vec::<i64>::new(), &0.0, &0.0]),
-            false => client.execute(&self.mark_published, &[&Vec::<i64>::new()]),
+            true => client.execute(published, &[&Vec::<i64>::new(), &0.0, &0.0]),
+            false => client.execute(published, &[&Vec::<i64>::new()]),
         };
         result.map(drop).map_err(|error| {
             if error.code() != Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
-                return classify_on_table(&error, "preparing the queries", &self.table);
+                return classify_on_table(&error, PREPARING, &self.table);
             }
             exit::config(anyhow!(
                 "--on-publish delete needs the DELETE privilege on table {} ({}): \
@@ -268,6 +301,10 @@ impl Outbox {
         start: &Start,
         bytes: i64,
     ) -> Result<Vec<Event>> {
+        if let (Order::Plain, Start::Id(_), None) = (self.order, start, &self.claim_from) {
+            let sql = claim_sql(&self.table.quoted(), &selected(&self.columns), true);
+            self.claim_from = Some(prepare(client, &sql, &self.table)?);
+        }
         // The head of a by-key claim: '' sorts before any other key.
         let first_key = String::new();
         let (statement, start): (&Statement, Option<&(dyn ToSql + Sync)>) =
@@ -291,6 +328,8 @@ impl Outbox {
             held += i64::try_from(event.payload.len()).unwrap_or(i64::MAX);
             events.push(event);
         }
+        // Every row is read: the connection is free for other statements.
+        drop(rows);
         if dropped > 0 {
             log::info!(
                 "the batch holds {} events, {held} payload bytes (--batch-bytes); the {dropped} \
@@ -299,6 +338,9 @@ impl Outbox {
             );
         }
         self.claimed = Created::of(&events);
+        if !events.is_empty() {
+            self.prepare_marks(client)?;
+        }
         Ok(events)
     }
 
@@ -412,7 +454,7 @@ impl Outbox {
         }
         let ids: &(dyn ToSql + Sync) = &ids;
         client
-            .execute(&self.mark_published, &self.with_created(vec![ids]))
+            .execute(&self.marks()?.published, &self.with_created(vec![ids]))
             .map_err(|error| classify_on_table(&error, "marking events published", &self.table))?;
         Ok(())
     }
@@ -428,7 +470,7 @@ impl Outbox {
         let (base, cap) = (BACKOFF_BASE.as_secs_f64(), BACKOFF_CAP.as_secs_f64());
         let params: Vec<&(dyn ToSql + Sync)> = vec![&ids, &errors, &base, &cap];
         client
-            .execute(&self.mark_failed, &self.with_created(params))
+            .execute(&self.marks()?.failed, &self.with_created(params))
             .map_err(|error| classify_on_table(&error, "recording failed attempts", &self.table))?;
         Ok(())
     }
@@ -443,7 +485,7 @@ impl Outbox {
         let wait = NACK_BACKOFF.as_secs_f64();
         let params: Vec<&(dyn ToSql + Sync)> = vec![&ids, &reason, &wait];
         client
-            .execute(&self.mark_declined, &self.with_created(params))
+            .execute(&self.marks()?.declined, &self.with_created(params))
             .map_err(|error| classify_on_table(&error, "recording nacked events", &self.table))?;
         Ok(())
     }
@@ -475,6 +517,16 @@ const SELECTED: &str = "id::bigint, event_id::text, event_type::text, payload::t
 
 /// The claim's select list: the fixed six, then the optional columns the
 /// table has, in the order `Outbox::event` reads them.
+/// What the error of a statement that cannot be prepared says was going on.
+const PREPARING: &str = "preparing the queries";
+
+/// Prepares `sql`; a missing column or table names the command that fixes it.
+fn prepare(client: &mut Client, sql: &str, table: &TableName) -> Result<Statement> {
+    client
+        .prepare(sql)
+        .map_err(|error| classify_on_table(&error, PREPARING, table))
+}
+
 fn selected(columns: &Columns) -> String {
     let mut list = SELECTED.to_string();
     for (present, column) in [

@@ -21,16 +21,21 @@ use postgres::error::SqlState;
 use crate::connect::database::classify_on_table;
 use crate::sql::table::TableName;
 
-/// Whether `table` is partitioned by range on a timestamptz `created_at`
-/// alone: then a created_at range names the partitions a batch lives in.
+/// Whether the relation `t.oid` is partitioned by range on a timestamptz
+/// `created_at` alone: then a created_at range names the partitions a
+/// batch lives in. An SQL expression, for the statements that ask it
+/// beside other questions (`sql::columns`).
+pub const BY_CREATED_AT: &str = "EXISTS (SELECT FROM pg_partitioned_table p \
+       JOIN pg_attribute a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] \
+       WHERE p.partrelid = t.oid AND p.partstrat = 'r' \
+         AND p.partnatts = 1 AND a.attname = 'created_at' \
+         AND a.atttypid = 'timestamptz'::regtype)";
+
+/// Whether `table` is partitioned by range on created_at (BY_CREATED_AT).
 pub fn by_created_at(client: &mut Client, table: &TableName) -> Result<bool> {
     let row = client
         .query_one(
-            "SELECT EXISTS (SELECT FROM pg_partitioned_table p \
-               JOIN pg_attribute a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] \
-               WHERE p.partrelid = $1::text::regclass AND p.partstrat = 'r' \
-                 AND p.partnatts = 1 AND a.attname = 'created_at' \
-                 AND a.atttypid = 'timestamptz'::regtype)",
+            &format!("SELECT {BY_CREATED_AT} FROM (SELECT $1::text::regclass AS oid) t"),
             &[&table.quoted()],
         )
         .map_err(|error| {
