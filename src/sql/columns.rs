@@ -1,7 +1,8 @@
-//! Which of the columns that migration 0003 adds a table has. A table of
-//! the reference article's shape has none of them and keeps working as
-//! before: the statements are built once per session from what is there,
-//! so such a table is sent exactly the statements it always was.
+//! The shape of a table: which of the columns that migration 0003 adds it
+//! has, whether it has last_error, how it is partitioned. A table of the
+//! reference article's shape has none of the optional columns and keeps
+//! working as before: the statements are built once per session from what
+//! is there, so such a table is sent exactly the statements it always was.
 
 use anyhow::Result;
 use postgres::Client;
