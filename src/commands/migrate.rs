@@ -6,17 +6,12 @@ use anyhow::Result;
 
 use crate::cli::MigrateArgs;
 use crate::config::Database;
-use crate::connect::database::{self, classify, classify_on_table};
+use crate::connect::database::{classify, classify_on_table};
 use crate::exit::Exit;
 use crate::sql::migrations::{self, MIGRATIONS};
 
 pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
-    let mut client = database::connect(
-        &database.conninfo,
-        database.connect_timeout,
-        database.command_idle_limit(),
-        None,
-    )?;
+    let mut client = super::connect(database)?;
     let mut tx = client
         .transaction()
         .map_err(|error| classify(&error, "starting the migration", "try again"))?;

@@ -50,12 +50,7 @@ pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<Exit> {
         "connecting to PostgreSQL",
         Totals::default(),
     );
-    let mut client = database::connect(
-        &database.conninfo,
-        database.connect_timeout,
-        database.command_idle_limit(),
-        None,
-    )?;
+    let mut client = super::connect(database)?;
     // Counting and deleting may scan the whole table (see BATCH_TIMEOUT).
     client
         .batch_execute(&format!("SET statement_timeout = '{BATCH_TIMEOUT}'"))

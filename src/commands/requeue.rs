@@ -12,7 +12,6 @@ use anyhow::Result;
 
 use crate::cli::RequeueArgs;
 use crate::config::Database;
-use crate::connect::database;
 use crate::exit::Exit;
 use crate::guard::watchdog::Watchdog;
 use crate::report::{plural, stderr, stdout};
@@ -29,12 +28,7 @@ struct Report {
 pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<Exit> {
     // One statement updates and reports (a margin of two more).
     let _watchdog = Watchdog::for_command(database.connect_budget(), 3, "requeue")?;
-    let mut client = database::connect(
-        &database.conninfo,
-        database.connect_timeout,
-        database.command_idle_limit(),
-        None,
-    )?;
+    let mut client = super::connect(database)?;
     let table = &database.table;
     let report = if args.dead {
         Report {

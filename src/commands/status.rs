@@ -9,7 +9,6 @@ use anyhow::Result;
 
 use crate::cli::StatusArgs;
 use crate::config::Database;
-use crate::connect::database;
 use crate::exit::Exit;
 use crate::guard::watchdog::Watchdog;
 use crate::report::{plural, stderr, stdout};
@@ -20,12 +19,7 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
     // The figures (one or by type), the held-back age (the column lookup,
     // a transaction of four statements) and the dead-tuple ratio.
     let _watchdog = Watchdog::for_command(database.connect_budget(), 8, "status")?;
-    let mut client = database::connect(
-        &database.conninfo,
-        database.connect_timeout,
-        database.command_idle_limit(),
-        None,
-    )?;
+    let mut client = super::connect(database)?;
     let (table, max_attempts) = (&database.table, database.max_attempts);
     let by_type = match args.by_type {
         true => Some(figures::by_type(&mut client, table, max_attempts)?),
