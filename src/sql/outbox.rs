@@ -515,8 +515,6 @@ impl Outbox {
 const SELECTED: &str = "id::bigint, event_id::text, event_type::text, payload::text, \
      floor(extract(epoch FROM created_at))::float8, attempts::bigint";
 
-/// The claim's select list: the fixed six, then the optional columns the
-/// table has, in the order `Outbox::event` reads them.
 /// What the error of a statement that cannot be prepared says was going on.
 const PREPARING: &str = "preparing the queries";
 
@@ -527,6 +525,8 @@ fn prepare(client: &mut Client, sql: &str, table: &TableName) -> Result<Statemen
         .map_err(|error| classify_on_table(&error, PREPARING, table))
 }
 
+/// The claim's select list: the fixed six, then the optional columns the
+/// table has, in the order `Outbox::event` reads them.
 fn selected(columns: &Columns) -> String {
     let mut list = SELECTED.to_string();
     for (present, column) in [
