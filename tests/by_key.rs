@@ -3,10 +3,10 @@
 //! event holds back the later events of its key, and only its key, until
 //! it is published or dead.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::process::Stdio;
 
-use crate::common::{Extra, Fixture, Message, Row, row};
+use crate::common::{Extra, Fixture, Message, Row, assert_in_order_per_key, row};
 
 const BY_KEY: &str = "--ordered-by-key";
 
@@ -58,19 +58,7 @@ fn concurrent_keyed_drains_publish_every_event_once_and_in_order_per_key() {
     let messages = fx.messages();
     let unique: HashSet<&str> = ids(&messages).into_iter().collect();
     assert_eq!((messages.len(), unique.len()), (3000, 3000), "each once");
-    let mut next: HashMap<String, u32> = HashMap::new();
-    for message in &messages {
-        let key = message.header_text("x-ordering-key").unwrap();
-        let (name, n) = message.message_id.split_once('-').unwrap();
-        assert_eq!(name, key);
-        let expected = next.entry(key.clone()).or_insert(0);
-        assert_eq!(
-            n.parse::<u32>().unwrap(),
-            *expected,
-            "key {key} out of order"
-        );
-        *expected += 1;
-    }
+    assert_in_order_per_key(&messages);
 }
 
 /// Keys a and b, four events each; a-2 is unroutable (its routing_key

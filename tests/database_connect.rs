@@ -8,7 +8,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::certs::{ClientAuth, TestCa};
 use crate::common::fake_postgres::{FakePostgres, Login, Outcome, Received, Script, Tls};
@@ -16,7 +16,8 @@ use crate::common::private_postgres::PrivatePostgres;
 use crate::common::proxy::Proxy;
 use crate::common::scratch::{Scratch, free_port};
 use crate::common::{
-    Fixture, Run, amqp_addr, amqp_url_via, assert_one_clear_line, signal, wait_until,
+    Fixture, Run, amqp_addr, amqp_url_via, assert_a_signal_ends_a_hung_connect,
+    assert_one_clear_line, assert_untouched, signal, wait_until,
 };
 use postgres::{Client, NoTls};
 
@@ -421,38 +422,19 @@ fn pgservice_reads_the_service_file() {
 fn sigterm_while_the_database_does_not_answer_the_connect_exits_143_at_once() {
     let mut fx = Fixture::new("pg_hung_sigterm");
     fx.insert("e", 1);
-    // Accepts (the kernel does, for the backlog) and never answers.
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = silent.local_addr().unwrap().port();
-    let url = format!("postgresql://postgres@127.0.0.1:{port}/test");
-    let child = fx
-        .command()
-        .env("DATABASE_URL", &url)
-        .args(["--connect-timeout", "60s", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting outbox-poll");
-    std::thread::sleep(Duration::from_millis(500));
-    let signalled = Instant::now();
-    signal(&child, "-TERM");
-    let run = Run::from(child.wait_with_output().unwrap());
-    let took = signalled.elapsed();
-    assert_eq!(run.code, 143, "{}", run.stderr);
-    assert!(took < Duration::from_secs(2), "took {took:?} after SIGTERM");
-    assert_eq!(run.field("exit_code"), 143);
-    assert_eq!(run.stderr.lines().count(), 1, "one line: {}", run.stderr);
-    assert!(
-        run.stderr
-            .contains("stopped by SIGTERM while connecting to PostgreSQL"),
-        "{}",
-        run.stderr
+    assert_a_signal_ends_a_hung_connect(
+        &fx,
+        "DATABASE_URL",
+        |port| format!("postgresql://postgres@127.0.0.1:{port}/test"),
+        (
+            "-TERM",
+            143,
+            "stopped by SIGTERM while connecting to PostgreSQL",
+        ),
     );
-    assert!(
-        fx.rows()
-            .iter()
-            .all(|row| !row.published && row.attempts == 0)
-    );
+    let rows = fx.rows();
+    assert!(rows.iter().all(|row| !row.published), "{rows:?}");
+    assert_untouched(&rows);
 }
 
 /// A private primary and standby with the fixture's table (made on the

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::proxy::{Direction, Proxy};
 use crate::common::{
-    Amqp, Fixture, Row, amqp_addr, amqp_url_via, database_addr, database_url_via, row, signal,
-    wait_until,
+    Amqp, Fixture, Row, amqp_addr, amqp_url_via, assert_untouched, database_addr, database_url_via,
+    env_via, row, signal, wait_until,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
@@ -61,17 +61,6 @@ impl Ledger {
         ids.sort();
         ids
     }
-}
-
-fn env_via(broker: Option<&Proxy>, db: Option<&Proxy>) -> Vec<(&'static str, String)> {
-    let mut env = Vec::new();
-    if let Some(broker) = broker {
-        env.push(("AMQP_URL", amqp_url_via(broker.port())));
-    }
-    if let Some(db) = db {
-        env.push(("DATABASE_URL", database_url_via(db.port())));
-    }
-    env
 }
 
 fn command(fx: &Fixture, env: &[(&'static str, String)], args: &[&str]) -> Command {
@@ -168,20 +157,6 @@ fn rerun_delivers_everything(fx: &mut Fixture) -> Ledger {
     ledger.collect(fx);
     assert_eq!(ledger.lost(&fx.rows()), Vec::<String>::new(), "lost events");
     ledger
-}
-
-/// Rows the fault left unpublished must be exactly as they were inserted:
-/// an outage is not the events' fault.
-fn assert_untouched(rows: &[Row]) {
-    for row in rows.iter().filter(|row| !row.published) {
-        assert_eq!(
-            (row.attempts, row.last_error.as_deref()),
-            (0, None),
-            "an outage counted an attempt against {}",
-            row.event_id
-        );
-        assert!(row.due_in_s <= 0.0, "{} was pushed back", row.event_id);
-    }
 }
 
 /// After a broker fault: confirmed events were marked and arrived exactly

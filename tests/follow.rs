@@ -14,8 +14,8 @@ use postgres::fallible_iterator::FallibleIterator;
 
 use crate::common::proxy::Proxy;
 use crate::common::{
-    Fixture, Run, amqp_addr, amqp_url_via, assert_one_clear_line, connect_db, database_addr,
-    database_url_via, wait_until,
+    Fixture, Run, amqp_addr, assert_in_order_per_key, assert_one_clear_line, connect_db,
+    database_addr, env_via, wait_until,
 };
 
 /// A table whose inserts wake followers (`migrate --notify`).
@@ -41,19 +41,6 @@ fn triggers(fx: &mut Fixture) -> Vec<i16> {
 
 /// AFTER INSERT FOR EACH STATEMENT.
 const AFTER_INSERT_STATEMENT: i16 = 4;
-
-/// The fixture's binary pointed at a proxy in front of the broker, the
-/// database, or both.
-fn via(broker: Option<&Proxy>, db: Option<&Proxy>) -> Vec<(&'static str, String)> {
-    let mut env = Vec::new();
-    if let Some(broker) = broker {
-        env.push(("AMQP_URL", amqp_url_via(broker.port())));
-    }
-    if let Some(db) = db {
-        env.push(("DATABASE_URL", database_url_via(db.port())));
-    }
-    env
-}
 
 /// How long a test waits for a run to exit before it kills it: every
 /// follow here is meant to end well before (the tests' --max-duration of
@@ -213,7 +200,11 @@ fn a_table_without_the_notify_trigger_is_followed_by_polling() {
 fn a_follow_that_starts_on_an_empty_table_never_connects_to_the_broker() {
     let fx = notifying("follow_no_broker");
     let broker = Proxy::start(amqp_addr());
-    let follower = Follower::start(&fx, &via(Some(&broker), None), &["--max-duration", "2s"]);
+    let follower = Follower::start(
+        &fx,
+        &env_via(Some(&broker), None),
+        &["--max-duration", "2s"],
+    );
     let (run, took) = follower.finish();
     assert_eq!((run.code, run.field("batches")), (0, 0), "{}", run.stderr);
     assert!(
@@ -228,7 +219,7 @@ fn after_a_backlog_a_quiet_follow_lets_go_of_the_broker_and_of_its_extra_session
     let mut fx = notifying("follow_lets_go");
     fx.insert("backlog", 2000);
     let (broker, db) = (Proxy::start(amqp_addr()), Proxy::start(database_addr()));
-    let env = via(Some(&broker), Some(&db));
+    let env = env_via(Some(&broker), Some(&db));
     let follower = Follower::start(&fx, &env, &["--batch-size", "50", "--max-duration", "60s"]);
     assert!(wait_until(Duration::from_secs(30), || fx.published_count() == 2000));
     assert!(db.connections() > 1, "the backlog opened no other session");
@@ -257,7 +248,7 @@ fn an_idle_follow_holds_one_session_idle_outside_any_transaction() {
     // No trigger: the follow polls, as often as it ever does while idle.
     let fx = Fixture::new("follow_idle_session");
     let db = Proxy::start(database_addr());
-    let follower = Follower::start(&fx, &via(None, Some(&db)), &["--max-duration", "60s"]);
+    let follower = Follower::start(&fx, &env_via(None, Some(&db)), &["--max-duration", "60s"]);
     let mut observer = connect_db();
     assert!(wait_until(Duration::from_secs(10), || {
         !backends(&mut observer, &db).is_empty()
@@ -464,27 +455,14 @@ fn an_ordered_by_key_follow_publishes_each_keys_events_in_order_one_of_a_key_per
     assert_eq!(run.code, 143, "{}", run.stderr);
     // A batch holds at most one event of a key: three keys, three events.
     assert!(run.field("batches") >= 30, "{}", run.stdout);
-    let mut next: HashMap<String, u32> = HashMap::new();
-    for message in fx.messages() {
-        let key = message.header_text("x-ordering-key").unwrap();
-        let (name, n) = message.message_id.split_once('-').unwrap();
-        assert_eq!(name, key);
-        let expected = next.entry(key.clone()).or_insert(0);
-        assert_eq!(
-            n.parse::<u32>().unwrap(),
-            *expected,
-            "key {key} out of order"
-        );
-        *expected += 1;
-    }
-    assert_eq!(next.values().sum::<u32>(), 90);
+    assert_eq!(assert_in_order_per_key(&fx.messages()), 90);
 }
 
 #[test]
 fn a_follow_that_loses_its_database_connection_while_idle_exits_69_at_once() {
     let fx = notifying("follow_db_lost");
     let db = Proxy::start(database_addr());
-    let follower = Follower::start(&fx, &via(None, Some(&db)), &["--max-duration", "60s"]);
+    let follower = Follower::start(&fx, &env_via(None, Some(&db)), &["--max-duration", "60s"]);
     sleep(Duration::from_secs(1));
     db.cut();
     let (run, took) = follower.finish();

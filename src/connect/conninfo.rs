@@ -389,6 +389,12 @@ impl Params {
         self.0.get(key).map(|(value, _)| value.as_str())
     }
 
+    /// The value of `key` unless it is absent or empty: for the keys read
+    /// so, an empty value means the default.
+    fn given(&self, key: &str) -> Option<&str> {
+        self.get(key).filter(|value| !value.is_empty())
+    }
+
     /// Stores `key`, replacing an earlier value (in a URL or string the
     /// last occurrence wins, as in libpq). Unknown keywords are errors.
     fn store(&mut self, key: &str, value: String, origin: Origin) -> Result<()> {
@@ -754,27 +760,20 @@ fn build(
 ) -> Result<ConnInfo> {
     let hosts = hosts(params, files)?;
     let ports = ports(params, hosts.len())?;
-    let user = match params.get("user").filter(|user| !user.is_empty()) {
+    let user = match params.given("user") {
         Some(user) => user.to_string(),
         None => account.map(|account| account.name.clone()).context(
             "no database user: set PGUSER or put the user in the database URL \
              (this account has no name to default to)",
         )?,
     };
-    let dbname = params
-        .get("dbname")
-        .filter(|dbname| !dbname.is_empty())
-        .unwrap_or(&user)
-        .to_string();
+    let dbname = params.given("dbname").unwrap_or(&user).to_string();
     let mut warnings = Vec::new();
-    let given = params
-        .get("password")
-        .filter(|password| !password.is_empty())
-        .map(|secret| Password {
-            secret: secret.to_string(),
-            file: None,
-        });
-    let passfile = match params.get("passfile").filter(|file| !file.is_empty()) {
+    let given = params.given("password").map(|secret| Password {
+        secret: secret.to_string(),
+        file: None,
+    });
+    let passfile = match params.given("passfile") {
         Some(file) => Some(PathBuf::from(file)),
         None => home.map(|home| home.join(".pgpass")),
     };
@@ -811,10 +810,7 @@ fn build(
             .filter(|name| !name.is_empty())
             .unwrap_or(DEFAULT_APPLICATION_NAME)
             .to_string(),
-        options: params
-            .get("options")
-            .filter(|options| !options.is_empty())
-            .map(String::from),
+        options: params.given("options").map(String::from),
         connect_timeout: connect_timeout(params)?,
         user,
         dbname,
@@ -856,7 +852,7 @@ fn default_socket_dir(params: &Params, files: &dyn Files) -> Result<PathBuf> {
 /// One port for every host, or exactly one per host; an empty entry is
 /// 5432.
 fn ports(params: &Params, hosts: usize) -> Result<Vec<u16>> {
-    let Some(list) = params.get("port").filter(|list| !list.is_empty()) else {
+    let Some(list) = params.given("port") else {
         return Ok(vec![DEFAULT_PORT; hosts]);
     };
     let ports = list
@@ -935,7 +931,7 @@ fn ssl(
     home: Option<&Path>,
 ) -> Result<Ssl> {
     let in_dot_postgresql = |name: &str| home.map(|home| home.join(".postgresql").join(name));
-    let rootcert = params.get("sslrootcert").filter(|root| !root.is_empty());
+    let rootcert = params.given("sslrootcert");
     let system = rootcert == Some("system");
     let mode = match params.get("sslmode") {
         None if system => SslMode::VerifyFull,
@@ -992,15 +988,13 @@ fn ssl(
         (_, Some(root)) => ServerCheck::Chain(root),
     };
     let client = match params
-        .get("sslcert")
-        .filter(|cert| !cert.is_empty())
+        .given("sslcert")
         .map(PathBuf::from)
         .or_else(|| in_dot_postgresql("postgresql.crt"))
     {
         Some(cert) if mode != SslMode::Disable && stat(files, &cert)?.is_some() => {
             let key = params
-                .get("sslkey")
-                .filter(|key| !key.is_empty())
+                .given("sslkey")
                 .map(PathBuf::from)
                 .or_else(|| in_dot_postgresql("postgresql.key"))
                 .context("sslcert is given but not sslkey: give the client certificate's key")?;

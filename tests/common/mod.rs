@@ -91,6 +91,42 @@ pub fn amqp_url_via(port: u16) -> String {
     )
 }
 
+/// The binary's URLs pointed at a proxy in front of the broker, the
+/// database, or both.
+pub fn env_via(
+    broker: Option<&proxy::Proxy>,
+    db: Option<&proxy::Proxy>,
+) -> Vec<(&'static str, String)> {
+    let mut env = Vec::new();
+    if let Some(broker) = broker {
+        env.push(("AMQP_URL", amqp_url_via(broker.port())));
+    }
+    if let Some(db) = db {
+        env.push(("DATABASE_URL", database_url_via(db.port())));
+    }
+    env
+}
+
+/// Checks that each ordering key's messages, named `<key>-<n>`, arrived
+/// with n counting up from 0 and carried their key as `x-ordering-key`;
+/// returns how many were checked.
+pub fn assert_in_order_per_key(messages: &[Message]) -> u32 {
+    let mut next: HashMap<String, u32> = HashMap::new();
+    for message in messages {
+        let key = message.header_text("x-ordering-key").unwrap();
+        let (name, n) = message.message_id.split_once('-').unwrap();
+        assert_eq!(name, key);
+        let expected = next.entry(key.clone()).or_insert(0);
+        assert_eq!(
+            n.parse::<u32>().unwrap(),
+            *expected,
+            "key {key} out of order"
+        );
+        *expected += 1;
+    }
+    next.values().sum()
+}
+
 pub fn connect_db() -> Client {
     Client::connect(&database_url(), NoTls).expect("connecting to the test database")
 }
@@ -143,6 +179,20 @@ pub struct Row {
     pub last_error: Option<String>,
     /// Seconds from now until the row is due again (negative: due).
     pub due_in_s: f64,
+}
+
+/// Rows left unpublished by an outage or a refusal are exactly as they
+/// were inserted: no attempt, no error, due. Neither is the events' fault.
+pub fn assert_untouched(rows: &[Row]) {
+    for row in rows.iter().filter(|row| !row.published) {
+        assert_eq!(
+            (row.attempts, row.last_error.as_deref()),
+            (0, None),
+            "{} was blamed",
+            row.event_id
+        );
+        assert!(row.due_in_s <= 0.0, "{} was pushed back", row.event_id);
+    }
 }
 
 /// The row of `event_id` among `rows`.
@@ -745,6 +795,37 @@ pub fn signal(child: &Child, name: &str) {
         .status()
         .expect("running kill");
     assert!(status.success(), "kill {name} failed");
+}
+
+/// A run whose connect, to the server `variable` names, goes to a port
+/// that accepts (the kernel does, for the backlog) and never answers: sent
+/// `name` (`-INT`, `-TERM`) once it waits, it must exit with `code` within
+/// 2 s, with its summary and one line saying it was `stopped`.
+pub fn assert_a_signal_ends_a_hung_connect(
+    fx: &Fixture,
+    variable: &str,
+    url: impl Fn(u16) -> String,
+    (name, code, stopped): (&str, i32, &str),
+) {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let child = fx
+        .command()
+        .env(variable, url(silent.local_addr().unwrap().port()))
+        .args(["--connect-timeout", "60s", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting outbox-poll");
+    std::thread::sleep(Duration::from_millis(800));
+    let signalled = std::time::Instant::now();
+    signal(&child, name);
+    let run = Run::from(child.wait_with_output().unwrap());
+    let took = signalled.elapsed();
+    assert_eq!(run.code, code, "{}", run.stderr);
+    assert!(took < Duration::from_secs(2), "took {took:?} after {name}");
+    assert_eq!(run.field("exit_code"), i64::from(code));
+    assert_eq!(run.stderr.lines().count(), 1, "one line: {}", run.stderr);
+    assert!(run.stderr.contains(stopped), "{}", run.stderr);
 }
 
 /// Waits until `condition` holds, checking every 20 ms, for at most `limit`.
