@@ -16,13 +16,25 @@
 //! hosts to try, in order, and how to check each server.
 //!
 //! Where this deliberately differs from libpq, the item says so. The
-//! differences, all small: an empty variable counts as unset (the contract;
-//! libpq takes `PGSSLMODE=` as an invalid empty value), `sslrootcert=system`
-//! works as in libpq 16 (libpq 15 reads a file named "system"), the default
-//! socket directory may also be /tmp, libpq keywords that would change the
-//! connection in ways we do not implement are refused rather than
-//! ignored, and a string that is neither a URL nor key=value is an error
-//! (psql would take it as a database name).
+//! differences, all small (tests/libpq_differential.rs checks the rest
+//! against the system's libpq, and lists these as expected):
+//! - an empty variable counts as unset (the contract; libpq takes
+//!   `PGSSLMODE=` as an invalid empty value);
+//! - `sslrootcert=system` works as in libpq 16 (libpq 15 reads a file
+//!   named "system");
+//! - the default socket directory may also be /tmp;
+//! - libpq keywords that would change the connection in ways we do not
+//!   implement are refused rather than ignored;
+//! - a string that is neither a URL nor key=value is an error (psql would
+//!   take it as a database name);
+//! - a URL part that is not UTF-8 once percent-decoded is refused (libpq
+//!   passes the bytes on; the driver sends user, database and password as
+//!   text, so they could not be used);
+//! - the TLS files are checked when resolving, for a list with any TCP
+//!   host (libpq checks them on reaching a TCP host, so a socket listed
+//!   first could connect before the check fails), and a client key others
+//!   can read fails `prefer` and `allow` too (libpq would fall back on a
+//!   plain session, silently dropping the certificate the operator gave).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -277,7 +289,6 @@ impl Files for SystemFiles {
 pub struct Account {
     pub name: String,
     pub home: Option<PathBuf>,
-    pub uid: u32,
 }
 
 impl Account {
@@ -292,7 +303,6 @@ impl Account {
             (fields.len() >= 6 && fields[2] == uid.to_string()).then(|| Account {
                 name: fields[0].to_string(),
                 home: Some(PathBuf::from(fields[5])).filter(|home| !home.as_os_str().is_empty()),
-                uid,
             })
         })
     }
@@ -364,6 +374,12 @@ pub fn resolve(
         {
             params.store(key, value, Origin::Env(var))?;
         }
+    }
+    // libpq's legacy variable: a value starting with "1" asks for TLS when
+    // neither the URL, the service nor PGSSLMODE set sslmode. Ignoring it
+    // would silently drop a "TLS required" setting.
+    if !params.has("sslmode") && env("PGREQUIRESSL").is_some_and(|value| value.starts_with('1')) {
+        params.store("sslmode", "require".into(), Origin::Env("PGREQUIRESSL"))?;
     }
     build(&params, files, account, home.as_deref())
 }
@@ -594,7 +610,13 @@ fn parse_uri(rest: &str) -> Result<Vec<(String, String)>> {
         rest = &after[end..];
     }
     if let Some(query) = rest.strip_prefix('?') {
-        for param in query.split('&').filter(|param| !param.is_empty()) {
+        // One "&" may end the query; any other empty parameter ("?&",
+        // "a=1&&b=2") is an error, as in libpq.
+        let mut params: Vec<&str> = query.split('&').collect();
+        if params.last() == Some(&"") && (params.len() > 1 || query.is_empty()) {
+            params.pop();
+        }
+        for param in params {
             let (key, value) = param
                 .split_once('=')
                 .with_context(|| format!("the query parameter {param:?} has no \"=\""))?;
@@ -616,6 +638,9 @@ fn parse_uri(rest: &str) -> Result<Vec<(String, String)>> {
 
 /// `%XX` sequences to bytes; libpq refuses `%00` and a `%` without two hex
 /// digits. The error names the part, never its text (it may be a password).
+/// Bytes that are not UTF-8 once decoded are refused where libpq takes
+/// them: the driver passes user, database and password to the server as
+/// text (a deliberate difference, see the module's list).
 pub(crate) fn percent_decode(text: &str, part: &str) -> Result<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -639,7 +664,13 @@ pub(crate) fn percent_decode(text: &str, part: &str) -> Result<String> {
             i += 1;
         }
     }
-    String::from_utf8(out).with_context(|| format!("the {part} is not UTF-8 once percent-decoded"))
+    String::from_utf8(out).map_err(|error| {
+        let byte = error.as_bytes()[error.utf8_error().valid_up_to()];
+        anyhow!(
+            "the {part} is not UTF-8 once percent-decoded (byte 0x{byte:02X}): outbox-poll \
+             takes only UTF-8 text there; percent-encode the part's UTF-8 bytes"
+        )
+    })
 }
 
 /// libpq's `parseServiceInfo`: PGSERVICEFILE (which must exist), else
@@ -731,6 +762,17 @@ fn apply_service_section(
                 index + 1
             );
         }
+        // libpq looks a service file's keys up in its list of keywords,
+        // where the legacy `requiressl` is not (only a URL or key=value
+        // string translates it): write sslmode=require.
+        if key == "requiressl" {
+            bail!(
+                "syntax error in service file {}, line {}: requiressl is not a keyword here; \
+                 write sslmode=require",
+                file.display(),
+                index + 1
+            );
+        }
         if !params.has(key) {
             params.store(key, value.to_string(), origin)?;
         }
@@ -781,28 +823,48 @@ fn build(
         (None, Some(file)) => read_password_file(files, file, &mut warnings)?,
         _ => None,
     };
-    let targets = hosts
-        .into_iter()
-        .zip(ports)
-        .map(|(host, port)| {
-            let password = given.clone().or_else(|| {
-                pgpass.as_ref().and_then(|(file, text)| {
-                    password_from_file(text, &host, port, &dbname, &user).map(|secret| Password {
+    let mut targets = Vec::new();
+    for ((host, written), port) in hosts.into_iter().zip(ports) {
+        // libpq reads each port when it comes to its host, and skips a
+        // host whose port is a number outside 1-65535.
+        let Some(number) = port.number else {
+            warnings.push(format!(
+                "{} gives {} the port {:?}, which is not a port number (1-65535): that host \
+                 is skipped, as libpq does",
+                params.describe("port"),
+                host,
+                port.text
+            ));
+            continue;
+        };
+        let password = given.clone().or_else(|| {
+            pgpass.as_ref().and_then(|(file, text)| {
+                password_from_file(text, &written, &port.text, &dbname, &user).map(|secret| {
+                    Password {
                         secret,
                         file: Some(file.clone()),
-                    })
+                    }
                 })
-            });
-            Target {
-                host,
-                port,
-                password,
-            }
-        })
-        .collect();
+            })
+        });
+        targets.push(Target {
+            host,
+            port: number,
+            password,
+        });
+    }
+    if targets.is_empty() {
+        bail!(
+            "{}: no host is left to try, as every port is outside 1-65535; fix the port list",
+            params.describe("port")
+        );
+    }
+    let tcp = targets
+        .iter()
+        .any(|target| matches!(target.host, Host::Tcp(_)));
     Ok(ConnInfo {
         targets,
-        ssl: ssl(params, files, account, home)?,
+        ssl: ssl(params, files, home, tcp)?,
         target_session_attrs: target_session_attrs(params)?,
         application_name: params
             .get("application_name")
@@ -819,18 +881,37 @@ fn build(
 }
 
 /// The host list: names, addresses, and socket directories (anything
-/// starting with `/`). An empty entry, or none at all, means the local
-/// socket directory.
-fn hosts(params: &Params, files: &dyn Files) -> Result<Vec<Host>> {
+/// starting with `/`), each with the name the password file knows it by.
+/// An empty entry, or none at all, means the local socket directory.
+fn hosts(params: &Params, files: &dyn Files) -> Result<Vec<(Host, String)>> {
     let list = params.get("host").unwrap_or("");
     list.split(',')
-        .map(|host| match host {
-            "" => Ok(Host::Socket(default_socket_dir(params, files)?)),
-            dir if dir.starts_with('/') => Ok(Host::Socket(PathBuf::from(dir))),
-            name => Ok(Host::Tcp(name.to_string())),
+        .map(|host| {
+            Ok(match host {
+                "" => (
+                    Host::Socket(default_socket_dir(params, files)?),
+                    PGPASS_LOCALHOST.to_string(),
+                ),
+                dir if dir.starts_with('/') => (Host::Socket(PathBuf::from(dir)), pgpass_host(dir)),
+                name => (Host::Tcp(name.to_string()), name.to_string()),
+            })
         })
         .collect()
 }
+
+/// The name `.pgpass` lines give a host: `localhost` for libpq's
+/// compiled-in socket directory spelled exactly so (no trailing slash,
+/// as libpq compares the text), else the host as written.
+fn pgpass_host(written: &str) -> String {
+    if written == SOCKET_DIRS[0] {
+        PGPASS_LOCALHOST.into()
+    } else {
+        written.into()
+    }
+}
+
+/// What `.pgpass` calls the default socket directory.
+const PGPASS_LOCALHOST: &str = "localhost";
 
 /// The first of SOCKET_DIRS holding the server's socket for the (first)
 /// port, else Debian's.
@@ -849,30 +930,52 @@ fn default_socket_dir(params: &Params, files: &dyn Files) -> Result<PathBuf> {
     Ok(PathBuf::from(SOCKET_DIRS[0]))
 }
 
+/// One host's port: as written (what `.pgpass` lines are compared with)
+/// and as a number, None when it is outside 1-65535.
+struct Port {
+    text: String,
+    number: Option<u16>,
+}
+
 /// One port for every host, or exactly one per host; an empty entry is
-/// 5432.
-fn ports(params: &Params, hosts: usize) -> Result<Vec<u16>> {
+/// 5432. An entry that is not an integer is an error; one outside
+/// 1-65535 skips its host (see `build`).
+fn ports(params: &Params, hosts: usize) -> Result<Vec<Port>> {
+    let default = || Port {
+        text: DEFAULT_PORT.to_string(),
+        number: Some(DEFAULT_PORT),
+    };
     let Some(list) = params.given("port") else {
-        return Ok(vec![DEFAULT_PORT; hosts]);
+        return Ok((0..hosts).map(|_| default()).collect());
     };
     let ports = list
         .split(',')
-        .map(|port| match port.trim() {
-            "" => Ok(DEFAULT_PORT),
-            port => port
-                .parse::<u16>()
-                .ok()
-                .filter(|&port| port != 0)
-                .with_context(|| {
+        .map(|port| match port {
+            "" => Ok(default()),
+            port => {
+                let number = parse_int(port).with_context(|| {
                     format!(
                         "{} holds {port:?}, which is not a port number (1-65535)",
                         params.describe("port")
                     )
-                }),
+                })?;
+                Ok(Port {
+                    text: port.to_string(),
+                    number: u16::try_from(number).ok().filter(|&number| number != 0),
+                })
+            }
         })
-        .collect::<Result<Vec<u16>>>()?;
+        .collect::<Result<Vec<Port>>>()?;
     match ports.len() {
-        1 => Ok(vec![ports[0]; hosts]),
+        1 => {
+            let port = &ports[0];
+            Ok((0..hosts)
+                .map(|_| Port {
+                    text: port.text.clone(),
+                    number: port.number,
+                })
+                .collect())
+        }
         n if n == hosts => Ok(ports),
         n => bail!(
             "{}: could not match {n} port numbers to {hosts} hosts; give one port for all \
@@ -880,6 +983,13 @@ fn ports(params: &Params, hosts: usize) -> Result<Vec<u16>> {
             params.describe("port")
         ),
     }
+}
+
+/// libpq's `parse_int_param`: an int as strtol reads it (white space, a
+/// sign, digits), with nothing but white space after it.
+fn parse_int(text: &str) -> Option<i32> {
+    let space = |c: char| matches!(c, ' ' | '\t' | '\n' | '\u{b}' | '\u{c}' | '\r');
+    text.trim_matches(space).parse().ok()
 }
 
 fn target_session_attrs(params: &Params) -> Result<TargetSessionAttrs> {
@@ -898,15 +1008,13 @@ fn target_session_attrs(params: &Params) -> Result<TargetSessionAttrs> {
 }
 
 /// Whole seconds; zero or less means no bound, and libpq never waits less
-/// than 2 s.
+/// than 2 s. An empty value is an error, as in libpq (which takes it as
+/// given, so PGCONNECT_TIMEOUT does not apply either).
 fn connect_timeout(params: &Params) -> Result<Option<Duration>> {
-    let Some(text) = params
-        .get("connect_timeout")
-        .filter(|text| !text.trim().is_empty())
-    else {
+    let Some(text) = params.get("connect_timeout") else {
         return Ok(None);
     };
-    let seconds: i32 = text.trim().parse().with_context(|| {
+    let seconds = parse_int(text).with_context(|| {
         format!(
             "{} is not a whole number of seconds",
             params.describe("connect_timeout")
@@ -924,12 +1032,12 @@ fn connect_timeout(params: &Params) -> Result<Option<Duration>> {
 /// ~/.postgresql/postgresql.crt, sent only if the file exists, with
 /// `sslkey` (else ~/.postgresql/postgresql.key), which must not be
 /// readable by others.
-fn ssl(
-    params: &Params,
-    files: &dyn Files,
-    account: Option<&Account>,
-    home: Option<&Path>,
-) -> Result<Ssl> {
+///
+/// libpq looks at those files only when it starts TLS, which it never does
+/// over a socket: with no TCP host to try, none is looked at. (A list
+/// mixing sockets and TCP hosts has them checked up front, where libpq
+/// would fail only on reaching a TCP host.)
+fn ssl(params: &Params, files: &dyn Files, home: Option<&Path>, tcp: bool) -> Result<Ssl> {
     let in_dot_postgresql = |name: &str| home.map(|home| home.join(".postgresql").join(name));
     let rootcert = params.given("sslrootcert");
     let system = rootcert == Some("system");
@@ -953,6 +1061,13 @@ fn ssl(
              roots vouch for names, so only the name check makes them mean anything)",
             params.describe("sslmode")
         );
+    }
+    if !tcp {
+        return Ok(Ssl {
+            mode,
+            server: ServerCheck::Nothing,
+            client: None,
+        });
     }
     let root = if system {
         Some(RootCert::System)
@@ -998,7 +1113,7 @@ fn ssl(
                 .map(PathBuf::from)
                 .or_else(|| in_dot_postgresql("postgresql.key"))
                 .context("sslcert is given but not sslkey: give the client certificate's key")?;
-            check_key_file(files, &key, account)?;
+            check_key_file(files, &key)?;
             Some(ClientCert { cert, key })
         }
         _ => None,
@@ -1010,9 +1125,9 @@ fn ssl(
     })
 }
 
-/// libpq refuses a private key others can read: 0600 or less if it is
-/// ours, 0640 or less if root owns it (a group of trusted readers).
-fn check_key_file(files: &dyn Files, key: &Path, account: Option<&Account>) -> Result<()> {
+/// libpq refuses a private key others can read: 0640 or less if root owns
+/// it (a group of trusted readers), 0600 or less whoever else does.
+fn check_key_file(files: &dyn Files, key: &Path) -> Result<()> {
     let stat = stat(files, key)?.with_context(|| {
         format!(
             "the client certificate's key {} does not exist: give sslkey=FILE",
@@ -1025,8 +1140,8 @@ fn check_key_file(files: &dyn Files, key: &Path, account: Option<&Account>) -> R
             key.display()
         );
     }
-    let ours = account.is_some_and(|account| account.uid == stat.uid);
-    if (ours && stat.mode & 0o077 != 0) || (stat.uid == 0 && stat.mode & 0o037 != 0) {
+    let forbidden = if stat.uid == 0 { 0o037 } else { 0o077 };
+    if stat.mode & forbidden != 0 {
         bail!(
             "the private key file {} has group or world access: chmod 0600 it (or 0640 if \
              root owns it)",
@@ -1066,32 +1181,23 @@ fn read_password_file(
 
 /// libpq's `passwordFromFile`: the first line `host:port:dbname:user:password`
 /// whose four fields match, `*` matching anything, `\` escaping `:` and
-/// `\`. A socket in the default directory, or no host, matches
-/// `localhost`. Lines starting with `#` are comments. The password ends
-/// at the next unescaped `:`. The port is compared as a number's usual
-/// spelling, where libpq compares the text given (`port=05432` would miss
-/// a `5432` line there, and matches here).
+/// `\`. `host` is the name [`pgpass_host`] gives, and `port` the port as
+/// written (`port=05432` misses a `5432` line, as in libpq). Lines
+/// starting with `#` are comments. The password ends at the next
+/// unescaped `:`.
 fn password_from_file(
     text: &str,
-    host: &Host,
-    port: u16,
+    host: &str,
+    port: &str,
     dbname: &str,
     user: &str,
 ) -> Option<String> {
-    let host = match host {
-        Host::Tcp(name) => name.clone(),
-        Host::Socket(dir) if SOCKET_DIRS.iter().any(|default| dir == Path::new(default)) => {
-            "localhost".into()
-        }
-        Host::Socket(dir) => dir.display().to_string(),
-    };
-    let port = port.to_string();
     text.lines()
         .map(|line| line.strip_suffix('\r').unwrap_or(line))
         .filter(|line| !line.is_empty() && !line.starts_with('#'))
         .find_map(|line| {
             let mut rest = line;
-            for wanted in [host.as_str(), port.as_str(), dbname, user] {
+            for wanted in [host, port, dbname, user] {
                 rest = pgpass_field_matches(rest, wanted)?;
             }
             Some(pgpass_unescape(rest))
@@ -1140,27 +1246,32 @@ mod tests {
 
     const HOME: &str = "/home/relay";
 
-    /// A file system of our own: path → (text, permission bits).
+    /// A file system of our own: path → (text, permission bits, owner).
     #[derive(Default)]
-    struct FakeFiles(HashMap<PathBuf, (String, u32)>);
+    struct FakeFiles(HashMap<PathBuf, (String, u32, u32)>);
 
     impl FakeFiles {
-        fn with(mut self, path: &str, text: &str, mode: u32) -> Self {
-            self.0.insert(PathBuf::from(path), (text.into(), mode));
+        /// A file of ours (uid 1000, the account's).
+        fn with(self, path: &str, text: &str, mode: u32) -> Self {
+            self.owned_by(path, text, mode, 1000)
+        }
+
+        fn owned_by(mut self, path: &str, text: &str, mode: u32, uid: u32) -> Self {
+            self.0.insert(PathBuf::from(path), (text.into(), mode, uid));
             self
         }
     }
 
     impl Files for FakeFiles {
         fn read(&self, path: &Path) -> io::Result<Option<String>> {
-            Ok(self.0.get(path).map(|(text, _)| text.clone()))
+            Ok(self.0.get(path).map(|(text, _, _)| text.clone()))
         }
 
         fn stat(&self, path: &Path) -> io::Result<Option<FileStat>> {
-            Ok(self.0.get(path).map(|&(_, mode)| FileStat {
+            Ok(self.0.get(path).map(|&(_, mode, uid)| FileStat {
                 regular: !path.ends_with("not-a-file"),
                 mode,
-                uid: 1000,
+                uid,
             }))
         }
     }
@@ -1169,7 +1280,6 @@ mod tests {
         Account {
             name: "relay".into(),
             home: Some(PathBuf::from(HOME)),
-            uid: 1000,
         }
     }
 
@@ -1340,6 +1450,57 @@ mod tests {
     }
 
     #[test]
+    fn pgrequiressl_1_means_sslmode_require_unless_sslmode_is_given() {
+        let mode = |url: &str, env: &[(&str, &str)]| {
+            resolve_with(Some(url), env, &FakeFiles::default())
+                .unwrap()
+                .ssl
+                .mode
+        };
+        let required = [("PGREQUIRESSL", "1")];
+        assert_eq!(mode("host=a user=u", &required), SslMode::Require);
+        assert_eq!(
+            mode("host=a user=u", &[("PGREQUIRESSL", "0")]),
+            SslMode::Prefer
+        );
+        assert_eq!(
+            mode("host=a user=u sslmode=disable", &required),
+            SslMode::Disable
+        );
+        let both = [("PGREQUIRESSL", "1"), ("PGSSLMODE", "allow")];
+        assert_eq!(mode("host=a user=u", &both), SslMode::Allow);
+    }
+
+    #[test]
+    fn an_empty_query_parameter_is_an_error_but_one_trailing_ampersand_is_not() {
+        url_fails(
+            "postgresql://h/db?&",
+            "the query parameter \"\" has no \"=\"",
+        );
+        url_fails(
+            "postgresql://h/db?sslmode=require&&user=u",
+            "the query parameter \"\" has no \"=\"",
+        );
+        assert_eq!(
+            info("postgresql://u@h/db?sslmode=require&").ssl.mode,
+            SslMode::Require
+        );
+        assert_eq!(info("postgresql://u@h/db?").dbname, "db");
+    }
+
+    #[test]
+    fn a_url_part_that_is_not_utf8_once_decoded_is_refused_naming_the_part() {
+        url_fails(
+            "postgresql://u@h/%ff",
+            "the dbname is not UTF-8 once percent-decoded (byte 0xFF)",
+        );
+        url_fails(
+            "postgresql://u:%c3@h/x",
+            "the password is not UTF-8 once percent-decoded",
+        );
+    }
+
+    #[test]
     fn key_values_take_quotes_escapes_and_spaces_around_the_equals_sign() {
         let info = info(r"host = a  user=u password='it\'s' dbname='my \'db\'' options=-c\ x=1");
         assert_eq!(passwords(&info), [Some("it's".to_string())]);
@@ -1449,7 +1610,33 @@ mod tests {
             "postgresql://u@a:54x2/x",
             "port=\"54x2\" in the database URL holds \"54x2\"",
         );
-        env_fails(&[("PGPORT", "0")], "PGPORT=\"0\" holds \"0\"");
+        env_fails(&[("PGPORT", "x")], "PGPORT=\"x\" holds \"x\"");
+        url_fails("host=a port=' '", "holds \" \", which is not a port number");
+    }
+
+    #[test]
+    fn a_port_out_of_range_in_a_host_list_skips_that_host() {
+        for port in ["0", "-1", "65536", "99999"] {
+            let info = info(&format!("host=127.0.0.1,127.0.0.2 port={port},5432 user=u"));
+            assert_eq!(places(&info), [tcp("127.0.0.2", 5432)], "{port}");
+            assert_eq!(info.warnings.len(), 1, "{:?}", info.warnings);
+            assert!(
+                info.warnings[0].contains("127.0.0.1 the port")
+                    && info.warnings[0].contains("skipped"),
+                "{:?}",
+                info.warnings
+            );
+        }
+    }
+
+    #[test]
+    fn a_port_list_with_no_port_in_range_is_an_error() {
+        env_fails(&[("PGPORT", "0")], "PGPORT=\"0\": no host is left to try");
+    }
+
+    #[test]
+    fn a_port_outside_an_int_is_an_error_as_in_libpq() {
+        url_fails("host=a port=4294967296 user=u", "holds \"4294967296\"");
     }
 
     #[test]
@@ -1617,6 +1804,29 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_connect_timeout_is_an_error_even_with_pgconnect_timeout_set() {
+        url_fails(
+            "host=a user=u connect_timeout=",
+            "connect_timeout=\"\" in the database URL is not a whole number",
+        );
+        assert_fails(
+            Some("host=a user=u connect_timeout=''"),
+            &[("PGCONNECT_TIMEOUT", "7")],
+            &FakeFiles::default(),
+            "connect_timeout=\"\" in the database URL is not a whole number",
+        );
+    }
+
+    #[test]
+    fn connect_timeout_reads_white_space_and_signs_as_libpq() {
+        assert_eq!(
+            info("host=a user=u connect_timeout=' +5 '").connect_timeout,
+            Some(Duration::from_secs(5))
+        );
+        url_fails("host=a user=u connect_timeout='5 s'", "not a whole number");
+    }
+
+    #[test]
     fn application_name_falls_back_to_fallback_application_name_then_ours() {
         assert_eq!(
             info("host=a user=u fallback_application_name=x").application_name,
@@ -1738,6 +1948,17 @@ mod tests {
     }
 
     #[test]
+    fn requiressl_in_a_service_file_is_a_syntax_error() {
+        let files = FakeFiles::default().with("/s.conf", "[main]\nrequiressl=1\n", 0o644);
+        assert_fails(
+            Some("service=main user=u"),
+            &[("PGSERVICEFILE", "/s.conf")],
+            &files,
+            "syntax error in service file /s.conf, line 2: requiressl",
+        );
+    }
+
+    #[test]
     fn a_bad_value_from_a_service_names_its_file_and_line() {
         let files = FakeFiles::default().with("/s.conf", "[main]\nsslmode=sure\n", 0o644);
         assert_fails(
@@ -1807,6 +2028,38 @@ mod tests {
         assert_password("user=u", &files, "on-the-socket");
         assert_password("host=/run/pg user=u", &files, "other-socket");
         assert_password("host=/srv/pg user=u", &files, "fallback");
+    }
+
+    #[test]
+    fn a_socket_directory_with_a_trailing_slash_is_matched_in_pgpass_as_written() {
+        let files = FakeFiles::default().with(
+            "/home/relay/.pgpass",
+            "localhost:5432:*:*:sock\n/var/run/postgresql/:5432:*:*:as-written\n",
+            0o600,
+        );
+        assert_password("host=/var/run/postgresql user=u", &files, "sock");
+        assert_password("host=/var/run/postgresql/ user=u", &files, "as-written");
+    }
+
+    #[test]
+    fn an_explicit_tmp_socket_is_not_localhost_in_pgpass() {
+        let files = FakeFiles::default().with(
+            "/home/relay/.pgpass",
+            "localhost:5432:*:*:sock\n/tmp:5432:*:*:tmp\n",
+            0o600,
+        );
+        assert_password("host=/tmp user=u", &files, "tmp");
+    }
+
+    #[test]
+    fn the_pgpass_port_is_compared_as_written() {
+        let files = FakeFiles::default().with(
+            "/home/relay/.pgpass",
+            "h:5432:*:*:plain\nh:05432:*:*:padded\n",
+            0o600,
+        );
+        assert_password("host=h port=05432 user=u", &files, "padded");
+        assert_password("host=h port=5432 user=u", &files, "plain");
     }
 
     #[test]
@@ -2003,6 +2256,53 @@ mod tests {
             &files,
             "private key file /c.key has group or world access",
         );
+    }
+
+    #[test]
+    fn tls_files_are_not_checked_when_every_host_is_a_socket() {
+        let files = FakeFiles::default()
+            .with("/c.crt", "", 0o644)
+            .with("/c.key", "", 0o644);
+        let info = info_with_files(
+            "host=/var/run/postgresql,/tmp user=u sslmode=verify-full sslcert=/c.crt sslkey=/c.key",
+            &files,
+        );
+        assert_eq!(info.ssl.mode, SslMode::VerifyFull);
+        assert_eq!(
+            (info.ssl.server, info.ssl.client),
+            (ServerCheck::Nothing, None)
+        );
+        assert_fails(
+            Some("host=/tmp,h user=u sslmode=verify-full"),
+            &[],
+            &files,
+            "needs the root certificate file",
+        );
+    }
+
+    #[test]
+    fn a_root_owned_key_may_be_0640_and_any_other_owner_needs_0600() {
+        let key = |mode: u32, uid: u32| {
+            let files = FakeFiles::default()
+                .with("/c.crt", "", 0o644)
+                .owned_by("/c.key", "", mode, uid);
+            resolve_with(
+                Some("host=h user=u sslcert=/c.crt sslkey=/c.key"),
+                &[],
+                &files,
+            )
+            .map(|info| info.ssl.client.is_some())
+            .map_err(|error| format!("{error:#}"))
+        };
+        assert_eq!(key(0o640, 0), Ok(true));
+        assert_eq!(key(0o600, 2000), Ok(true));
+        for (mode, uid) in [(0o660, 0), (0o644, 0), (0o640, 2000), (0o640, 1000)] {
+            let error = key(mode, uid).unwrap_err();
+            assert!(
+                error.contains("has group or world access"),
+                "{mode:o} {uid}: {error}"
+            );
+        }
     }
 
     #[test]
