@@ -866,10 +866,11 @@ fn build(
         targets,
         ssl: ssl(params, files, home, tcp)?,
         target_session_attrs: target_session_attrs(params)?,
+        // An empty application_name gives way to the fallback, as libpq's
+        // startup packet does.
         application_name: params
-            .get("application_name")
-            .or_else(|| params.get("fallback_application_name"))
-            .filter(|name| !name.is_empty())
+            .given("application_name")
+            .or_else(|| params.given("fallback_application_name"))
             .unwrap_or(DEFAULT_APPLICATION_NAME)
             .to_string(),
         options: params.given("options").map(String::from),
@@ -1835,6 +1836,10 @@ mod tests {
         assert_eq!(
             info("host=a user=u application_name=y fallback_application_name=x").application_name,
             "y"
+        );
+        assert_eq!(
+            info("host=a user=u application_name='' fallback_application_name=x").application_name,
+            "x"
         );
     }
 
