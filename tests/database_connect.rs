@@ -255,6 +255,15 @@ fn sslmode_require_over_the_local_socket_connects_without_tls_as_libpq_does() {
 }
 
 #[test]
+fn sslmode_verify_full_over_the_local_socket_needs_no_root_file_as_libpq() {
+    let mut fx = Fixture::new("pg_socket_verify");
+    let url = "host=/var/run/postgresql user=postgres dbname=test sslmode=verify-full \
+               sslrootcert=/nonexistent/root.crt";
+    let seen = session_of_a_held_run(&mut fx, &[("DATABASE_URL", url)]);
+    assert!(!seen.ssl);
+}
+
+#[test]
 fn a_client_certificate_is_presented_from_sslcert_and_sslkey() {
     let fx = Fixture::new("pg_client_cert");
     let ca = TestCa::new(&["localhost"]);
