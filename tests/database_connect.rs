@@ -411,6 +411,19 @@ fn a_server_not_accepting_connections_yet_gives_way_to_the_next_host() {
 }
 
 #[test]
+fn a_host_whose_port_is_out_of_range_is_skipped_with_a_warning_as_libpq_does() {
+    let mut fx = Fixture::new("pg_port_range");
+    fx.insert("e", 1);
+    let url = "host=127.0.0.1,127.0.0.1 port=0,5432 user=postgres dbname=test sslmode=disable";
+    let run = fx.run_with(&[("DATABASE_URL", url)], &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let warning = "gives 127.0.0.1 the port \"0\", which is not a port number (1-65535): \
+                   that host is skipped";
+    assert!(run.stderr.contains(warning), "{}", run.stderr);
+    assert_eq!(fx.published_count(), 1);
+}
+
+#[test]
 fn pgservice_reads_the_service_file() {
     let mut fx = Fixture::new("pg_service");
     fx.insert("e", 1);

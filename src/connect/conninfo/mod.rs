@@ -31,6 +31,8 @@
 //!   implement are refused rather than ignored;
 //! - a string that is neither a URL nor key=value is an error (psql would
 //!   take it as a database name);
+//! - a port that is not an integer fails before any host is tried (libpq
+//!   fails on reaching its host, so a host before it could still connect);
 //! - a URL part that is not UTF-8 once percent-decoded is refused (libpq
 //!   passes the bytes on; the driver sends user, database and password as
 //!   text, so they could not be used);
