@@ -748,6 +748,7 @@ fn generate(random: &mut Random, world: &World) -> Case {
         " 8 ",
         "05432",
         "",
+        " ",
     ];
     let host_count = 1 + random.below(3);
     let hosts: Vec<&str> = (0..host_count)
@@ -844,7 +845,7 @@ fn generate(random: &mut Random, world: &World) -> Case {
     maybe(random, 25, "passfile", &[pgpass, pgpass_open, none]);
     maybe(
         random,
-        12,
+        20,
         "service",
         &[
             "svc", "svc2", "svc3", "svc4", "svc5", "svc6", "sys", "missing",
@@ -892,7 +893,12 @@ fn generate(random: &mut Random, world: &World) -> Case {
     var(random, 8, "PGSSLCERT", &[cert]);
     var(random, 8, "PGSSLKEY", &[key, open_key]);
     var(random, 15, "PGPASSFILE", &[pgpass, pgpass_open]);
-    var(random, 10, "PGSERVICE", &["svc", "svc4", "sys", "missing"]);
+    var(
+        random,
+        10,
+        "PGSERVICE",
+        &["svc", "svc2", "svc4", "sys", "missing"],
+    );
     var(random, 40, "PGSERVICEFILE", &[services]);
     var(
         random,
