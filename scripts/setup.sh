@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # What the tests and the demo need, made ready: PostgreSQL and RabbitMQ
 # (started when they are stopped and, on Debian or Ubuntu, installed with apt
-# when they are absent), then a Rust toolchain (installed with rustup when
-# cargo is missing or older than this crate's rust-version: Debian's own
-# cargo is too old). Safe to run again and again; silent when all is ready.
+# when they are absent), then libpq's headers and a Rust toolchain (installed
+# with rustup when cargo is missing or older than this crate's rust-version:
+# Debian's own cargo is too old). Safe to run again and again; silent when all is ready.
 #
 # scripts/test.sh and scripts/demo.sh source this file, so that a Rust it
 # has just installed is on their PATH for their next step. With the argument
@@ -80,6 +80,9 @@ cargo_recent() {
 
 ensure_rust() {
     command -v cc >/dev/null || apt_install gcc libc6-dev
+    # tests/libpq_differential.rs links the system's libpq (pq-sys finds it
+    # with pkg-config).
+    pkg-config --exists libpq 2>/dev/null || apt_install libpq-dev pkg-config
     cargo_recent && return 0
     # A rustup toolchain that is installed but not on this shell's PATH.
     if [ -f "$HOME/.cargo/env" ]; then . "$HOME/.cargo/env"; fi

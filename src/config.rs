@@ -77,7 +77,8 @@ impl Database {
         )
         .map_err(exit::config)?;
         // What libpq prints as a WARNING and carries on from (a password
-        // file others can read, ignored).
+        // file others can read, ignored), and the hosts it skips for a port
+        // outside 1-65535.
         for warning in &conninfo.warnings {
             log::warn!("{warning}");
         }

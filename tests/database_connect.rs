@@ -255,6 +255,15 @@ fn sslmode_require_over_the_local_socket_connects_without_tls_as_libpq_does() {
 }
 
 #[test]
+fn sslmode_verify_full_over_the_local_socket_needs_no_root_file_as_libpq() {
+    let mut fx = Fixture::new("pg_socket_verify");
+    let url = "host=/var/run/postgresql user=postgres dbname=test sslmode=verify-full \
+               sslrootcert=/nonexistent/root.crt";
+    let seen = session_of_a_held_run(&mut fx, &[("DATABASE_URL", url)]);
+    assert!(!seen.ssl);
+}
+
+#[test]
 fn a_client_certificate_is_presented_from_sslcert_and_sslkey() {
     let fx = Fixture::new("pg_client_cert");
     let ca = TestCa::new(&["localhost"]);
@@ -399,6 +408,19 @@ fn a_server_not_accepting_connections_yet_gives_way_to_the_next_host() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(starting.received().startups.len(), 1);
     assert_eq!(fx.published_count(), 2);
+}
+
+#[test]
+fn a_host_whose_port_is_out_of_range_is_skipped_with_a_warning_as_libpq_does() {
+    let mut fx = Fixture::new("pg_port_range");
+    fx.insert("e", 1);
+    let url = "host=127.0.0.1,127.0.0.1 port=0,5432 user=postgres dbname=test sslmode=disable";
+    let run = fx.run_with(&[("DATABASE_URL", url)], &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let warning = "gives 127.0.0.1 the port \"0\", which is not a port number (1-65535): \
+                   that host is skipped";
+    assert!(run.stderr.contains(warning), "{}", run.stderr);
+    assert_eq!(fx.published_count(), 1);
 }
 
 #[test]

@@ -188,7 +188,6 @@ mod tests {
         let account = Account {
             name: "u".into(),
             home: None,
-            uid: 1000,
         };
         crate::connect::conninfo::resolve(Some(url), &|_| None, &NoFiles, Some(&account)).unwrap()
     }
