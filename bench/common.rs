@@ -138,12 +138,15 @@ pub fn load_average() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// What the sections measured: the figures of the table, the two limits
-/// they are compared with, and the lines printed under it (figures that
-/// are not rates: milliseconds, sizes, ratios to a baseline).
+/// What the sections measured: the figures of the table, the limits they
+/// are compared with, and the lines printed under it (figures that are not
+/// rates: milliseconds, sizes, ratios to a baseline).
 pub struct Results {
     pub figures: Vec<Figure>,
+    /// The broker alone, with the messages the contract requires: the limit.
     pub broker: Option<f64>,
+    /// The broker alone with bare messages, shown beside it.
+    pub bare: Option<f64>,
     pub pg: Option<f64>,
     pub notes: Vec<String>,
     /// Sections of their own, printed after the table (--follow's latency).
@@ -156,6 +159,7 @@ impl Results {
         Results {
             figures: Vec::new(),
             broker: None,
+            bare: None,
             pg: None,
             notes: Vec::new(),
             blocks: Vec::new(),
@@ -197,7 +201,7 @@ impl Results {
         println!();
         header();
         for figure in &self.figures {
-            print_figure(figure, self.broker, self.pg);
+            print_figure(figure, [self.broker, self.bare, self.pg]);
         }
         if !self.notes.is_empty() {
             println!();
@@ -712,7 +716,9 @@ pub fn check(failed: bool, verdict: &str) {
     }
 }
 
-pub fn print_figure(figure: &Figure, broker: Option<f64>, pg: Option<f64>) {
+/// `limits`: the broker's (contract messages), the broker's with bare
+/// messages, PostgreSQL's.
+pub fn print_figure(figure: &Figure, limits: [Option<f64>; 3]) {
     let ratio = |limit: Option<f64>| match limit {
         Some(limit) => format!("{:>5.0}%", 100.0 * figure.rate() / limit),
         None => "    -".into(),
@@ -722,14 +728,15 @@ pub fn print_figure(figure: &Figure, broker: Option<f64>, pg: Option<f64>) {
         None => "      -".into(),
     };
     println!(
-        "| {:<58} | {:>7} | {:>6.2} | {:>8.0} | {} | {} | {} | {:>5.2} | {} |",
+        "| {:<58} | {:>7} | {:>6.2} | {:>8.0} | {} | {} | {} | {} | {:>5.2} | {} |",
         figure.name,
         figure.events,
         figure.seconds,
         figure.rate(),
         rss,
-        ratio(broker),
-        ratio(pg),
+        ratio(limits[0]),
+        ratio(limits[1]),
+        ratio(limits[2]),
         figure.load,
         figure.verified
     );
@@ -737,11 +744,11 @@ pub fn print_figure(figure: &Figure, broker: Option<f64>, pg: Option<f64>) {
 
 pub fn header() {
     println!(
-        "| {:<58} | {:>7} | {:>6} | {:>8} | {:>7} | {:>6} | {:>5} | {:>5} | verified |",
-        "run", "events", "s", "events/s", "RSS MiB", "/broker", "/pg", "load"
+        "| {:<58} | {:>7} | {:>6} | {:>8} | {:>7} | {:>6} | {:>6} | {:>5} | {:>5} | verified |",
+        "run", "events", "s", "events/s", "RSS MiB", "/broker", "/bare", "/pg", "load"
     );
     println!(
-        "|{}|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|{}|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         "-".repeat(60)
     );
 }
