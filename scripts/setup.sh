@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the tests and the demo need, made ready: PostgreSQL and RabbitMQ
 # (started when they are stopped and, on Debian or Ubuntu, installed with apt
-# when they are absent), then libpq's headers and a Rust toolchain (installed
+# when they are absent), promtool, then libpq's headers and a Rust toolchain (installed
 # with rustup when cargo is missing or older than this crate's rust-version:
 # Debian's own cargo is too old). Safe to run again and again; silent when all is ready.
 #
@@ -97,10 +97,18 @@ ensure_rust() {
     say "Rust is in ~/.cargo/bin: to use cargo in this shell, run . \"\$HOME/.cargo/env\" (new shells have it)"
 }
 
+# tests/observability.rs checks deploy/prometheus with promtool, which
+# Debian and Ubuntu ship only in the prometheus package (its server is
+# installed with it, and started where systemd runs).
+ensure_promtool() {
+    command -v promtool >/dev/null || apt_install prometheus
+}
+
 # The servers first: they do not depend on Rust, so a failed Rust download
 # still leaves them ready.
 if [ "${1:-}" != rust ]; then
     [ -n "${TEST_DATABASE_URL:-}" ] || ensure_postgres
     [ -n "${TEST_AMQP_URL:-}" ] || ensure_rabbitmq
+    ensure_promtool
 fi
 ensure_rust

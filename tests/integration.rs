@@ -19,6 +19,7 @@ mod generated;
 mod memory;
 mod metrics;
 mod migrate;
+mod observability;
 mod odd_rows;
 mod on_publish;
 mod operators;
