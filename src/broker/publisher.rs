@@ -472,14 +472,8 @@ impl Publisher {
         if round.timed_out || round.blocked {
             return Err(self.outage(error, round.timed_out));
         }
-        // Over a publish, a reply code can be about the message itself:
-        // a 404 too when the round sent events to exchanges of their own
-        // (a missing --exchange stays a refusal: every event goes there).
         let own_exchange = events.iter().any(|event| event.exchange.is_some());
-        let reply = reply(error).map(|code| match code {
-            404 if own_exchange => classify::Cause::Message,
-            code => classify::amqp_publish(code),
-        });
+        let reply = reply(error).map(|code| publish_cause(code, own_exchange));
         let connected = self.connection.status().connected();
         match verdict(reply, connected, alone) {
             Verdict::Refused => Err(self.refused(error)),
@@ -580,6 +574,17 @@ impl Publisher {
     }
 }
 
+/// What a reply code over a publish says. It can be about the message
+/// itself, and a 404 is too when the round sent events to exchanges of
+/// their own (`own_exchange`): a missing --exchange stays a refusal,
+/// since every event goes there.
+fn publish_cause(code: u16, own_exchange: bool) -> classify::Cause {
+    match code {
+        404 if own_exchange => classify::Cause::Message,
+        code => classify::amqp_publish(code),
+    }
+}
+
 /// The broker's reply code, where the error is the broker's word.
 fn reply(error: &anyhow::Error) -> Option<u16> {
     error.downcast_ref::<lapin::Error>().and_then(reply_code)
@@ -662,7 +667,14 @@ async fn check_exchange(channel: &Channel, config: &BrokerConfig, broker: &str) 
 #[cfg(test)]
 mod tests {
     use super::classify::Cause;
-    use super::{Verdict, verdict};
+    use super::{Verdict, publish_cause, verdict};
+
+    #[test]
+    fn a_missing_exchange_is_an_events_fault_only_when_the_round_named_its_own() {
+        assert_eq!(publish_cause(404, true), Cause::Message);
+        assert_eq!(publish_cause(404, false), Cause::Config);
+        assert_eq!(publish_cause(403, true), Cause::Config);
+    }
 
     #[test]
     fn only_the_brokers_refusal_of_a_message_published_alone_blames_it() {
