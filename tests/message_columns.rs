@@ -110,7 +110,8 @@ fn a_priority_outside_0_to_255_fails_only_its_event() {
 
 #[test]
 fn a_rows_exchange_takes_its_event_there_and_the_others_go_to_the_runs() {
-    let mut fx = Fixture::new("message_columns_exchange");
+    // --ordered waits for every open transaction of its database.
+    let mut fx = Fixture::isolated("message_columns_exchange");
     let eu = fx.another_exchange("eu");
     insert_with(&mut fx, "eu-1", "exchange", &format!("'{eu}'"));
     insert_with(&mut fx, "plain-2", "", "");
