@@ -31,8 +31,8 @@
 //! BENCH_FEW_KEYS_EVENTS (20000: the 10-key by_key run), BENCH_INSERT_ROWS
 //! (20000), the settings of bench/scale.rs, and BENCH_ONLY (a
 //! comma-separated subset of: limits,shapes,drain,delete,naive,scaling,
-//! memory,large,empty,connect,latency,trigger,ordered,by_key,inserts,size,
-//! partitions; without it, all but size and partitions, which fill
+//! memory,large,empty,connect,latency,trigger,ordered,by_key,inserts,
+//! payloads,size,partitions; without it, all but size and partitions, which fill
 //! millions of rows). The ordered modes' sections are in bench/ordering.rs;
 //! `connect` (bench/connect.rs) times the empty run with sslmode=prefer
 //! (TLS) against sslmode=disable, BENCH_EMPTY_RUNS of each.
@@ -42,6 +42,7 @@ mod connect;
 mod latency;
 mod memory;
 mod ordering;
+mod payloads;
 mod scale;
 
 use std::collections::VecDeque;
@@ -107,17 +108,18 @@ fn publish<'c>(
     event: &'c Event,
 ) -> impl Future<Output = lapin::Result<lapin::PublisherConfirm>> + 'c {
     let Outgoing {
+        exchange: own,
         routing_key,
         properties,
     } = outgoing(event, u32::MAX).expect("a sendable event");
     channel.basic_publish(
-        exchange.into(),
+        own.unwrap_or_else(|| exchange.into()),
         routing_key,
         BasicPublishOptions {
             mandatory: true,
             immediate: false,
         },
-        event.payload.as_bytes(),
+        &event.payload,
         properties,
     )
 }
@@ -607,6 +609,11 @@ fn main() {
         for note in ordering::inserts(&mut fx) {
             results.note(note);
         }
+    }
+    if wants(&fx, "payloads") {
+        let (figures, notes) = payloads::payloads(&mut fx);
+        figures.into_iter().for_each(|figure| results.push(figure));
+        notes.into_iter().for_each(|note| results.note(note));
     }
     if wants(&fx, "large") {
         results.push(memory::large_payloads(&mut fx));

@@ -105,6 +105,7 @@ expected="./etc/outbox-poll/outbox-poll.env
 ./usr/share/outbox-poll/migrations/0003_ordering.sql
 ./usr/share/outbox-poll/migrations/0004_notify.sql
 ./usr/share/outbox-poll/migrations/0005_autovacuum.sql
+./usr/share/outbox-poll/migrations/0006_message_columns.sql
 ./usr/share/outbox-poll/migrations/example_least_privilege_role.sql
 ./usr/share/outbox-poll/migrations/example_partitioned_outbox.sql
 ./usr/share/zsh/vendor-completions/_outbox-poll"

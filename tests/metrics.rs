@@ -111,7 +111,7 @@ fn metrics_file_has_the_runs_figures_and_the_backlog() {
     // When the server counted the rows is its business (NaN: not yet).
     let ratio = values["dead_tuple_ratio"];
     assert!(ratio.is_nan() || (0.0..=1.0).contains(&ratio), "{ratio}");
-    assert_eq!(values.len(), 14);
+    assert_eq!(values.len(), 16);
 }
 
 #[test]

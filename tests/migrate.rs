@@ -42,6 +42,12 @@ fn contract_columns() -> Vec<(String, String, bool)> {
         column("headers", "jsonb", true),
         column("routing_key", "text", true),
         column("ordering_key", "text", true),
+        column("exchange", "text", true),
+        column("content_type", "text", true),
+        column("content_encoding", "text", true),
+        column("correlation_id", "text", true),
+        column("priority", "smallint", true),
+        column("expires_at", "timestamp with time zone", true),
     ]
 }
 

@@ -33,20 +33,22 @@ fn status_json(fx: &Fixture, args: &[&str]) -> serde_json::Value {
     without_what_other_tests_move(run.summary())
 }
 
-/// After the contract's five fields come `ordered_held_back_s` and
-/// `dead_tuple_ratio`; both are taken out here, as their values depend on
+/// After the contract's five fields come `expired` (no event of these
+/// tests expires: 0, checked and taken out), `ordered_held_back_s` and
+/// `dead_tuple_ratio`; the last two are taken out here, as their values depend on
 /// what the rest of the database does: every open transaction of it,
 /// which other tests share (tests/commit_order.rs checks the first in a
 /// database of its own), and when the server last counted the table's
 /// rows (status_reports_the_dead_tuple_ratio checks the second).
 fn without_what_other_tests_move(mut status: serde_json::Value) -> serde_json::Value {
     let object = status.as_object_mut().unwrap();
-    let beyond: Vec<&str> = object.keys().skip(5).take(2).map(String::as_str).collect();
+    let beyond: Vec<&str> = object.keys().skip(5).take(3).map(String::as_str).collect();
     assert_eq!(
         beyond,
-        ["ordered_held_back_s", "dead_tuple_ratio"],
+        ["expired", "ordered_held_back_s", "dead_tuple_ratio"],
         "{object:?}"
     );
+    assert_eq!(object.remove("expired"), Some(json!(0)));
     object.remove("ordered_held_back_s");
     let ratio = object.remove("dead_tuple_ratio");
     assert!(
@@ -88,7 +90,7 @@ fn status_json_of_an_empty_table_has_a_null_age() {
     assert_eq!(
         run.stdout,
         "{\"pending\":0,\"due\":0,\"retrying\":0,\"dead\":0,\"oldest_pending_age_s\":null,\
-         \"ordered_held_back_s\":null,\"dead_tuple_ratio\":null}\n"
+         \"expired\":0,\"ordered_held_back_s\":null,\"dead_tuple_ratio\":null}\n"
     );
 }
 
@@ -143,19 +145,20 @@ fn status_text_is_an_aligned_table() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     let lines: Vec<&str> = run.stdout.lines().collect();
     assert_eq!(
-        lines[..5],
+        lines[..6],
         [
             format!("table           {}", fx.table).as_str(),
             "pending         6",
             "due             5",
             "retrying        2",
             "dead            2",
+            "expired         0",
         ]
     );
-    assert!(lines[5].starts_with("oldest pending  1h"), "{}", run.stdout);
-    assert!(lines[6].starts_with("held back       "), "{}", run.stdout);
-    assert!(lines[7].starts_with("dead tuples     "), "{}", run.stdout);
-    assert_eq!(lines.len(), 8, "{}", run.stdout);
+    assert!(lines[6].starts_with("oldest pending  1h"), "{}", run.stdout);
+    assert!(lines[7].starts_with("held back       "), "{}", run.stdout);
+    assert!(lines[8].starts_with("dead tuples     "), "{}", run.stdout);
+    assert_eq!(lines.len(), 9, "{}", run.stdout);
 }
 
 #[test]
@@ -178,16 +181,16 @@ fn status_by_type_counts_each_event_type() {
             "pending": 2, "due": 2, "retrying": 0, "dead": 1, "oldest_pending_age_s": 0,
             "by_type": {
                 "invoice.paid": {"pending": 2, "due": 2, "retrying": 0, "dead": 0,
-                                 "oldest_pending_age_s": 0},
+                                 "oldest_pending_age_s": 0, "expired": 0},
                 "order.created": {"pending": 0, "due": 0, "retrying": 0, "dead": 1,
-                                  "oldest_pending_age_s": null},
+                                  "oldest_pending_age_s": null, "expired": 0},
             }
         })
     );
 
     let run = fx.run(&["status", "--by-type"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let tail: Vec<&str> = run.stdout.lines().skip(9).collect();
+    let tail: Vec<&str> = run.stdout.lines().skip(10).collect();
     assert_eq!(
         tail,
         [

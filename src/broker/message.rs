@@ -1,6 +1,6 @@
-//! The AMQP message an event becomes: its routing key, its properties
-//! (the contract's "Message properties", and the optional columns' headers)
-//! and its body, the payload's bytes exactly as PostgreSQL prints the jsonb.
+//! The AMQP message an event becomes: its exchange and routing key, its
+//! properties (the contract's "Message properties", and what the optional
+//! columns add or override) and its body, the payload's bytes as read.
 
 use lapin::BasicProperties;
 use lapin::types::ShortString;
@@ -14,19 +14,24 @@ pub const ORDERING_KEY_HEADER: &str = "x-ordering-key";
 
 /// What a content header frame holds besides the headers table, at most:
 /// the frame's own header and end (8 bytes), class, weight, body size and
-/// property flags (14), message_id and type (up to 256 each), content_type
-/// (17), delivery_mode (1), timestamp (8) and app_id (12).
-const OTHER_PROPERTIES: usize = 8 + 14 + 256 + 256 + 17 + 1 + 8 + 12;
+/// property flags (14), six short strings of up to 256 bytes each
+/// (message_id, type, content_type, content_encoding, correlation_id,
+/// expiration), delivery_mode and priority (1 each), timestamp (8) and
+/// app_id (12).
+const OTHER_PROPERTIES: usize = 8 + 14 + 6 * 256 + 1 + 1 + 8 + 12;
 
 /// An event ready to publish.
 pub struct Outgoing {
+    /// The row's exchange column, None for the run's --exchange.
+    pub exchange: Option<ShortString>,
     pub routing_key: ShortString,
     pub properties: BasicProperties,
 }
 
 /// The message `event` becomes, or why it cannot be sent (the event's own
 /// failure: an attempt is counted): a column that could not be read, a
-/// name too long for AMQP, headers that are not an object. `frame_max` is
+/// name too long for AMQP, headers that are not an object, a priority
+/// outside 0 to 255. `frame_max` is
 /// the connection's: a
 /// content header frame larger than it would make the broker close the
 /// whole connection, an outage for every event of the batch, again at
@@ -42,12 +47,39 @@ pub fn outgoing(event: &Event, frame_max: u32) -> Result<Outgoing, String> {
         Some(routing_key) => short(routing_key, "routing_key")?,
         None => short(&event.event_type, "event_type")?,
     };
+    let exchange = match &event.exchange {
+        Some(exchange) => Some(short(exchange, "exchange")?),
+        None => None,
+    };
+    let content_type = match &event.content_type {
+        Some(content_type) => short(content_type, "content_type")?,
+        None => event.payload_type.content_type().into(),
+    };
     let properties = BasicProperties::default()
         .with_message_id(short(&event.event_id, "event_id")?)
         .with_type(short(&event.event_type, "event_type")?)
-        .with_content_type("application/json".into())
+        .with_content_type(content_type)
         .with_delivery_mode(2)
         .with_app_id("outbox-poll".into());
+    let properties = match &event.content_encoding {
+        Some(encoding) => properties.with_content_encoding(short(encoding, "content_encoding")?),
+        None => properties,
+    };
+    let properties = match &event.correlation_id {
+        Some(id) => properties.with_correlation_id(short(id, "correlation_id")?),
+        None => properties,
+    };
+    let properties = match event.priority {
+        Some(priority) => properties.with_priority(
+            u8::try_from(priority)
+                .map_err(|_| format!("priority {priority} is outside AMQP's 0 to 255"))?,
+        ),
+        None => properties,
+    };
+    let properties = match expiration(event) {
+        Some(milliseconds) => properties.with_expiration(milliseconds.to_string().into()),
+        None => properties,
+    };
     let properties = match timestamp(event) {
         Some(seconds) => properties.with_timestamp(seconds),
         None => properties,
@@ -67,9 +99,20 @@ pub fn outgoing(event: &Event, frame_max: u32) -> Result<Outgoing, String> {
         None => properties,
     };
     Ok(Outgoing {
+        exchange,
         routing_key,
         properties,
     })
+}
+
+/// The AMQP expiration: the whole milliseconds left before expires_at,
+/// rounded up (a message is never dropped before its row expires), at
+/// least 1 (RabbitMQ reads 0 as "deliver now or drop"); none for an
+/// infinite or absent expires_at. An expired event never gets here.
+fn expiration(event: &Event) -> Option<u64> {
+    let seconds = event.expires_in.filter(|seconds| seconds.is_finite())?;
+    // A float past u64's range saturates: a date centuries ahead.
+    Some(((seconds * 1000.0).ceil() as u64).max(1))
 }
 
 /// The AMQP timestamp: created_at in whole seconds since the epoch. AMQP's
@@ -99,6 +142,7 @@ fn headers(event: &Event) -> Result<Option<Headers>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sql::columns::Payload;
     use lapin::types::AMQPValue;
 
     const FRAME_MAX: u32 = 131_072;
@@ -107,9 +151,59 @@ mod tests {
         Event {
             event_id: "e-1".into(),
             event_type: "order.created".into(),
-            payload: "{}".into(),
+            payload: b"{}".to_vec(),
             ..Event::default()
         }
+    }
+
+    #[test]
+    fn the_default_content_type_is_the_payload_types_and_the_column_overrides_it() {
+        for (payload_type, expected) in [
+            (Payload::Jsonb, "application/json"),
+            (Payload::Json, "application/json"),
+            (Payload::Text, "text/plain; charset=utf-8"),
+            (Payload::Bytea, "application/octet-stream"),
+        ] {
+            let event = Event {
+                payload_type,
+                ..event()
+            };
+            let message = outgoing(&event, FRAME_MAX).unwrap();
+            let content_type = message.properties.content_type().clone().unwrap();
+            assert_eq!(content_type.as_str(), expected, "{payload_type:?}");
+        }
+        let event = Event {
+            payload_type: Payload::Bytea,
+            content_type: Some("application/x-protobuf".into()),
+            ..event()
+        };
+        let message = outgoing(&event, FRAME_MAX).unwrap();
+        let content_type = message.properties.content_type().clone().unwrap();
+        assert_eq!(content_type.as_str(), "application/x-protobuf");
+    }
+
+    #[test]
+    fn a_priority_outside_0_to_255_fails_the_event() {
+        for (priority, ok) in [(0, true), (255, true), (256, false), (-1, false)] {
+            let event = Event {
+                priority: Some(priority),
+                ..event()
+            };
+            let message = outgoing(&event, FRAME_MAX);
+            assert_eq!(message.is_ok(), ok, "{priority}");
+        }
+    }
+
+    #[test]
+    fn the_expiration_is_the_milliseconds_left_rounded_up_and_none_for_infinity() {
+        let expiring = |seconds| Event {
+            expires_in: Some(seconds),
+            ..event()
+        };
+        assert_eq!(expiration(&expiring(1.5)), Some(1500));
+        assert_eq!(expiration(&expiring(0.0001)), Some(1));
+        assert_eq!(expiration(&expiring(f64::INFINITY)), None);
+        assert_eq!(expiration(&event()), None);
     }
 
     #[test]

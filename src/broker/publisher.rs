@@ -7,6 +7,7 @@
 //! the rest of the program (and the synchronous postgres client, which
 //! panics inside an async context) stays plain blocking code.
 
+use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -17,7 +18,9 @@ use tokio::runtime::Runtime;
 use tokio::time::{Instant, timeout};
 
 use crate::broker::alarm::{Alarm, Cutoff};
-use crate::broker::round::{Issued, Round, await_round, issue_round, publish_round};
+use crate::broker::round::{
+    Exchanges, Issued, Round, await_round, issue_round, missing_exchange, publish_round,
+};
 use crate::cli::ExchangeKind;
 use crate::connect::amqp::{connect_first, refusal, reply_code};
 use crate::connect::amqp_url::{AmqpNode, describe_broker};
@@ -124,6 +127,11 @@ pub struct Publisher {
     alarm: Alarm,
     /// A signal ends a wait for a channel at once.
     stop: Stop,
+    /// The rows' exchanges the broker said (404) do not exist, this run:
+    /// later events to them fail without a publish (see `Exchanges`).
+    missing: HashSet<String>,
+    /// The rows' exchanges a passive declare found, this run.
+    present: HashSet<String>,
 }
 
 /// A batch handed to the broker, its confirms not yet awaited.
@@ -186,12 +194,15 @@ impl Publisher {
             broker,
             alarm,
             stop: stop.clone(),
+            missing: HashSet::new(),
+            present: HashSet::new(),
         })
     }
 
     /// Hands a batch to the broker: issues every publish and returns
     /// without awaiting a confirm. --confirm-timeout counts from here.
     pub fn send(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
+        self.check_exchanges(events);
         if ordered {
             return Ok(Sent::Ordered);
         }
@@ -202,7 +213,7 @@ impl Publisher {
         let all: Vec<&Event> = events.iter().collect();
         let first = self.runtime.block_on(issue_round(
             &channel,
-            &self.config.exchange,
+            self.exchanges(),
             &all,
             deadline,
             self.frame_max(),
@@ -255,9 +266,10 @@ impl Publisher {
         loop {
             outcome.absorb(&mut result);
             if let Some(error) = result.error.take() {
-                match self.judge(&error, &result, alone) {
+                match self.judge(&error, &result, &rest[..sent], alone) {
                     Ok(Verdict::Blame) => {
-                        outcome.failed.push(culprit(rest.remove(0), &error));
+                        let failure = self.culprit(rest.remove(0), &error);
+                        outcome.failed.push(failure);
                         alone = false;
                     }
                     Ok(_) => {
@@ -288,7 +300,7 @@ impl Publisher {
             sent = round.len();
             result = self.runtime.block_on(publish_round(
                 &channel,
-                &self.config.exchange,
+                self.exchanges(),
                 round,
                 deadline,
                 self.frame_max(),
@@ -316,7 +328,7 @@ impl Publisher {
         for event in events {
             let mut result = self.runtime.block_on(publish_round(
                 &channel,
-                &self.config.exchange,
+                self.exchanges(),
                 &[event],
                 deadline,
                 self.frame_max(),
@@ -325,11 +337,12 @@ impl Publisher {
             let stopped = !result.failed.is_empty() || !result.declined.is_empty();
             outcome.absorb(&mut result);
             if let Some(error) = result.error.take() {
-                if let Err(stop) = self.judge(&error, &result, true) {
+                if let Err(stop) = self.judge(&error, &result, &[event], true) {
                     outcome.outage = Some(stop);
                     return outcome;
                 }
-                outcome.failed.push(culprit(event, &error));
+                let failure = self.culprit(event, &error);
+                outcome.failed.push(failure);
                 match self.open_channel_by(deadline) {
                     Ok(reopened) => channel = reopened,
                     Err(error) => {
@@ -345,6 +358,84 @@ impl Publisher {
         }
         self.idle.push(channel);
         outcome
+    }
+
+    /// Checks each of the rows' exchanges the run has not met yet with a
+    /// passive declare, on a channel of its own, before anything of the
+    /// batch is published. A publish to a missing exchange makes the
+    /// broker close the batch's channel, and the confirms of the events
+    /// published before it on that channel are lost with it: those events
+    /// would be sent again. Checked first, an event to a missing exchange
+    /// fails without being sent, and the others are undisturbed. The
+    /// answers are kept for the run: one round trip per exchange, none for
+    /// a table whose rows name none. An exchange deleted after its check
+    /// is still caught by the broker's 404 (see `judge`); a check that
+    /// fails otherwise (a timeout, a refusal) leaves the publish to find out.
+    fn check_exchanges(&mut self, events: &[Event]) {
+        let unknown: BTreeSet<&str> = events
+            .iter()
+            .filter_map(|event| event.exchange.as_deref())
+            .filter(|name| !self.present.contains(*name) && !self.missing.contains(*name))
+            .collect();
+        let mut channel = None;
+        for name in unknown {
+            let checked = self.runtime.block_on(async {
+                let limit = self.config.connect_timeout;
+                timeout(limit, async {
+                    let open = match channel.take() {
+                        Some(open) => open,
+                        None => self.connection.create_channel().await?,
+                    };
+                    let passive = ExchangeDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    };
+                    let kind = lapin::ExchangeKind::Topic;
+                    let declared = open
+                        .exchange_declare(name.into(), kind, passive, FieldTable::default())
+                        .await;
+                    // A 404 closes the channel; one that stays open serves the next check.
+                    Ok::<_, lapin::Error>(declared.map(|()| open))
+                })
+                .await
+            });
+            match checked {
+                Ok(Ok(Ok(open))) => {
+                    self.present.insert(name.to_string());
+                    channel = Some(open);
+                }
+                Ok(Ok(Err(error))) if reply_code(&error) == Some(404) => {
+                    self.missing.insert(name.to_string());
+                }
+                _ => {}
+            }
+        }
+        if let Some(open) = channel {
+            // The timer must be made inside the runtime.
+            let _ = self.runtime.block_on(async {
+                timeout(CLOSE_TIMEOUT, open.close(200, "checked".into())).await
+            });
+        }
+    }
+
+    /// Where rounds publish (see `Exchanges`).
+    fn exchanges(&self) -> Exchanges<'_> {
+        Exchanges {
+            default: &self.config.exchange,
+            missing: &self.missing,
+        }
+    }
+
+    /// The failure recorded against a message the broker closed the
+    /// channel over: a missing exchange of the row's own is named, and
+    /// remembered for the rest of the run.
+    fn culprit(&mut self, event: &Event, error: &anyhow::Error) -> (i64, String) {
+        if let (Some(exchange), Some(404)) = (&event.exchange, reply(error)) {
+            self.missing.insert(exchange.clone());
+            return (event.id, missing_exchange(exchange));
+        }
+        let reason = format!("the broker closed the channel over this message: {error}");
+        (event.id, reason)
     }
 
     /// The largest frame the connection may send, as negotiated with the
@@ -370,15 +461,19 @@ impl Publisher {
     /// What a round's error means for the batch (see `verdict`): the
     /// verdict when the batch goes on, or the error that ends it. A round
     /// cut short (its deadline, a broker that blocked publishers) ends it.
-    fn judge(&self, error: &anyhow::Error, round: &Round, alone: bool) -> Result<Verdict> {
+    /// `events` are the round's.
+    fn judge(
+        &self,
+        error: &anyhow::Error,
+        round: &Round,
+        events: &[&Event],
+        alone: bool,
+    ) -> Result<Verdict> {
         if round.timed_out || round.blocked {
             return Err(self.outage(error, round.timed_out));
         }
-        // Over a publish, a reply code can be about the message itself.
-        let reply = error
-            .downcast_ref::<lapin::Error>()
-            .and_then(reply_code)
-            .map(classify::amqp_publish);
+        let own_exchange = events.iter().any(|event| event.exchange.is_some());
+        let reply = reply(error).map(|code| publish_cause(code, own_exchange));
         let connected = self.connection.status().connected();
         match verdict(reply, connected, alone) {
             Verdict::Refused => Err(self.refused(error)),
@@ -479,10 +574,20 @@ impl Publisher {
     }
 }
 
-/// The failure recorded against a message the broker closed the channel over.
-fn culprit(event: &Event, error: &anyhow::Error) -> (i64, String) {
-    let reason = format!("the broker closed the channel over this message: {error}");
-    (event.id, reason)
+/// What a reply code over a publish says. It can be about the message
+/// itself, and a 404 is too when the round sent events to exchanges of
+/// their own (`own_exchange`): a missing --exchange stays a refusal,
+/// since every event goes there.
+fn publish_cause(code: u16, own_exchange: bool) -> classify::Cause {
+    match code {
+        404 if own_exchange => classify::Cause::Message,
+        code => classify::amqp_publish(code),
+    }
+}
+
+/// The broker's reply code, where the error is the broker's word.
+fn reply(error: &anyhow::Error) -> Option<u16> {
+    error.downcast_ref::<lapin::Error>().and_then(reply_code)
 }
 
 async fn open_channel(
@@ -562,7 +667,14 @@ async fn check_exchange(channel: &Channel, config: &BrokerConfig, broker: &str) 
 #[cfg(test)]
 mod tests {
     use super::classify::Cause;
-    use super::{Verdict, verdict};
+    use super::{Verdict, publish_cause, verdict};
+
+    #[test]
+    fn a_missing_exchange_is_an_events_fault_only_when_the_round_named_its_own() {
+        assert_eq!(publish_cause(404, true), Cause::Message);
+        assert_eq!(publish_cause(404, false), Cause::Config);
+        assert_eq!(publish_cause(403, true), Cause::Config);
+    }
 
     #[test]
     fn only_the_brokers_refusal_of_a_message_published_alone_blames_it() {

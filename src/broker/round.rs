@@ -23,6 +23,25 @@ pub const NACKED: &str = "nacked by the broker (not counted as an attempt): the 
      the message for now (a queue full with x-overflow=reject-publish, a quorum queue without \
      a majority); it is retried after a backoff";
 
+/// Where a round publishes: the run's --exchange, unless the row's
+/// exchange column names another, and the rows' exchanges this run has
+/// already found missing, whose events fail without being sent: each
+/// publish to a missing exchange costs a channel (the broker closes it)
+/// and a round to find the event out.
+#[derive(Clone, Copy)]
+pub struct Exchanges<'a> {
+    pub default: &'a str,
+    pub missing: &'a HashSet<String>,
+}
+
+/// What last_error says of an event whose own exchange does not exist.
+pub fn missing_exchange(exchange: &str) -> String {
+    format!(
+        "exchange {exchange:?} (the row's exchange column) does not exist on the broker: \
+         create it or correct the row; the event is retried after a backoff"
+    )
+}
+
 /// The result of one pipelined round.
 #[derive(Default)]
 pub struct Round {
@@ -79,13 +98,13 @@ pub struct Issued {
 /// Both halves at once, for the rounds that retry part of a batch.
 pub async fn publish_round(
     channel: &Channel,
-    exchange: &str,
+    exchanges: Exchanges<'_>,
     events: &[&Event],
     deadline: Instant,
     frame_max: u32,
     alarm: &Alarm,
 ) -> Round {
-    let issued = issue_round(channel, exchange, events, deadline, frame_max, alarm).await;
+    let issued = issue_round(channel, exchanges, events, deadline, frame_max, alarm).await;
     await_round(issued, events, deadline, alarm).await
 }
 
@@ -95,11 +114,11 @@ pub async fn publish_round(
 /// publish that fails (or times out), that event and every later one are
 /// unresolved (left as they were), and nothing after it is sent, exactly as
 /// when they went one by one. An event that cannot be a message (see
-/// `message::outgoing`; `frame_max` is the connection's) is not sent and
-/// fails.
+/// `message::outgoing`; `frame_max` is the connection's), or whose own
+/// exchange this run found missing, is not sent and fails.
 pub async fn issue_round(
     channel: &Channel,
-    exchange: &str,
+    exchanges: Exchanges<'_>,
     events: &[&Event],
     deadline: Instant,
     frame_max: u32,
@@ -110,7 +129,12 @@ pub async fn issue_round(
     let mut sendable = Vec::with_capacity(events.len());
     for (position, &event) in events.iter().enumerate() {
         match outgoing(event, frame_max) {
-            Ok(message) => sendable.push((position, event, message)),
+            Ok(message) => match &message.exchange {
+                Some(name) if exchanges.missing.contains(name.as_str()) => {
+                    unsendable.push((position, missing_exchange(name.as_str())));
+                }
+                _ => sendable.push((position, event, message)),
+            },
             Err(reason) => unsendable.push((position, reason)),
         }
     }
@@ -121,7 +145,7 @@ pub async fn issue_round(
         let window: Vec<_> = rest.by_ref().take(PUBLISH_WINDOW).collect();
         let sent: Vec<usize> = window.iter().map(|(position, _, _)| *position).collect();
         let results = match alarm
-            .until(deadline, issue(channel, exchange, window))
+            .until(deadline, issue(channel, exchanges.default, window))
             .await
         {
             Ok(results) => results,
@@ -202,7 +226,7 @@ fn cut_off(round: &mut Round, cutoff: Cutoff, what: &str) {
 /// delivery tags and wire order in event order.
 async fn issue(
     channel: &Channel,
-    exchange: &str,
+    default: &str,
     window: Vec<(usize, &Event, Outgoing)>,
 ) -> Vec<lapin::Result<PublisherConfirm>> {
     let options = BasicPublishOptions {
@@ -216,15 +240,16 @@ async fn issue(
                 _,
                 event,
                 Outgoing {
+                    exchange,
                     routing_key,
                     properties,
                 },
             )| {
                 Box::pin(channel.basic_publish(
-                    exchange.into(),
+                    exchange.unwrap_or_else(|| default.into()),
                     routing_key,
                     options,
-                    event.payload.as_bytes(),
+                    &event.payload,
                     properties,
                 ))
             },
@@ -337,7 +362,7 @@ mod tests {
             id,
             event_id: format!("e-{id}"),
             event_type: event_type.into(),
-            payload: "{}".into(),
+            payload: b"{}".to_vec(),
             created_at: Some(0.0),
             ..Event::default()
         }

@@ -16,9 +16,10 @@ use crate::sql::figures::{self, Figures, HeldBack};
 use crate::sql::table::TableName;
 
 pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
-    // The figures (one or by type), the held-back age (the column lookup,
-    // a transaction of four statements) and the dead-tuple ratio.
-    let _watchdog = Watchdog::for_command(database.connect_budget(), 8, "status")?;
+    // The figures (the column lookup, one or by type), the held-back age
+    // (the column lookup, a transaction of four statements) and the
+    // dead-tuple ratio.
+    let _watchdog = Watchdog::for_command(database.connect_budget(), 9, "status")?;
     let mut client = super::connect(database)?;
     let (table, max_attempts) = (&database.table, database.max_attempts);
     let by_type = match args.by_type {
@@ -119,7 +120,13 @@ fn totals_text(table: &TableName, total: &Figures) -> String {
         Some(age) => humantime::format_duration(Duration::from_secs(age.max(0) as u64)).to_string(),
         None => "-".into(),
     };
-    let counts = [total.pending, total.due, total.retrying, total.dead];
+    let counts = [
+        total.pending,
+        total.due,
+        total.retrying,
+        total.dead,
+        total.expired,
+    ];
     let w = counts
         .iter()
         .map(|n| n.to_string().len())
@@ -131,8 +138,9 @@ fn totals_text(table: &TableName, total: &Figures) -> String {
          due             {:>w$}\n\
          retrying        {:>w$}\n\
          dead            {:>w$}\n\
+         expired         {:>w$}\n\
          oldest pending  {oldest}\n",
-        counts[0], counts[1], counts[2], counts[3],
+        counts[0], counts[1], counts[2], counts[3], counts[4],
     )
 }
 
@@ -206,6 +214,7 @@ mod tests {
             retrying: 1,
             dead: 0,
             oldest_pending_age_s: Some(3661),
+            expired: 2,
         };
         let types = [
             ("a".to_string(), total),
@@ -231,6 +240,7 @@ mod tests {
              due              3\n\
              retrying         1\n\
              dead             0\n\
+             expired          2\n\
              oldest pending  1h 1m 1s\n\
              held back       2m 5s (the ordered modes wait for the open transaction of pid 4242)\n\
              dead tuples     12.5%\n\
@@ -267,6 +277,7 @@ mod tests {
                 "retrying",
                 "dead",
                 "oldest_pending_age_s",
+                "expired",
                 "ordered_held_back_s",
                 "dead_tuple_ratio",
                 "by_type"

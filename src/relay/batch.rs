@@ -31,25 +31,36 @@ pub enum Ended {
 /// A batch claimed and handed to the broker: its transaction open (its rows
 /// locked), its confirms on their way.
 pub struct InFlight {
+    /// The events sent.
     events: Vec<Event>,
-    sent: Sent,
+    /// None when every event claimed had expired: nothing was sent, and
+    /// the broker was not even connected to.
+    sent: Option<Sent>,
+    /// The events claimed past their expires_at, to mark expired.
+    expired: Vec<Event>,
 }
 
 impl InFlight {
+    /// Every event the batch claimed, in claim order as far as a drain's
+    /// next start needs (see `last_id`, `last_key`).
+    fn all(&self) -> impl DoubleEndedIterator<Item = &Event> {
+        self.events.iter().chain(&self.expired)
+    }
+
     /// How many events the batch claimed.
     pub fn claimed(&self) -> usize {
-        self.events.len()
+        self.events.len() + self.expired.len()
     }
 
     /// The last id claimed: the highest, for a plain claim, which is in id
     /// order (and never empty).
     pub fn last_id(&self) -> i64 {
-        self.events.last().map_or(i64::MIN, |event| event.id)
+        self.all().map(|event| event.id).max().unwrap_or(i64::MIN)
     }
 
     /// The payload bytes the batch holds, for --batch-bytes.
     pub fn bytes(&self) -> i64 {
-        let bytes: usize = self.events.iter().map(|event| event.payload.len()).sum();
+        let bytes: usize = self.all().map(|event| event.payload.len()).sum();
         i64::try_from(bytes).unwrap_or(i64::MAX)
     }
 
@@ -58,6 +69,7 @@ impl InFlight {
         self.events
             .iter()
             .rev()
+            .chain(self.expired.iter().rev())
             .find_map(|event| event.ordering_key.as_deref())
     }
 }
@@ -126,8 +138,18 @@ fn claim_and_send(
     if stop.requested().is_some() {
         return Ok(Opened::Ended(Ended::Stopped));
     }
-    let sent = broker.send(&events, relay.ordered)?;
-    Ok(Opened::InFlight(InFlight { events, sent }))
+    // An event past its expires_at is never published: it is marked with
+    // the others, in this transaction.
+    let (expired, events): (Vec<Event>, Vec<Event>) = events.into_iter().partition(Event::expired);
+    let sent = match events.is_empty() {
+        true => None,
+        false => Some(broker.send(&events, relay.ordered)?),
+    };
+    Ok(Opened::InFlight(InFlight {
+        events,
+        sent,
+        expired,
+    }))
 }
 
 /// Awaits the batch's confirms, marks what the broker said and commits.
@@ -141,13 +163,22 @@ pub fn settle(
     broker: &mut Broker,
     totals: &mut Totals,
 ) -> Result<()> {
-    let InFlight { events, sent } = batch;
-    let outcome = broker.outcome(sent, &events);
-    if let Err(error) = session.mark(&outcome) {
+    let InFlight {
+        events,
+        sent,
+        expired,
+    } = batch;
+    let outcome = match sent {
+        Some(sent) => broker.outcome(sent, &events),
+        None => Outcome::default(),
+    };
+    let expired: Vec<i64> = expired.iter().map(|event| event.id).collect();
+    if let Err(error) = session.mark(&outcome, &expired) {
         session.roll_back();
         return Err(error);
     }
-    let marked = outcome.confirmed.len() + outcome.failed.len() + outcome.declined.len();
+    let marked =
+        outcome.confirmed.len() + outcome.failed.len() + outcome.declined.len() + expired.len();
     match session.commit_marks(marked) {
         Ok(()) => {}
         Err(Uncommitted::RolledBack(error)) => {
@@ -157,7 +188,7 @@ pub fn settle(
         Err(Uncommitted::Unknown(error)) => {
             // Neither published nor failed as far as anyone can tell: the
             // summary and the metrics count these events apart.
-            totals.claimed += events.len() as u64;
+            totals.claimed += (events.len() + expired.len()) as u64;
             totals.unknown += marked as u64;
             return Err(error);
         }
@@ -166,16 +197,19 @@ pub fn settle(
     // Exit 1 and the summary's `failed` count nacked events too: they were
     // not published, though no attempt was counted against them.
     let failed = outcome.failed.len() + outcome.declined.len();
+    // Expiry is no failure: it leaves the exit code alone.
     totals.batches += 1;
-    totals.claimed += events.len() as u64;
+    totals.claimed += (events.len() + expired.len()) as u64;
     totals.published += outcome.confirmed.len() as u64;
     totals.failed += failed as u64;
+    totals.expired += expired.len() as u64;
     log::info!(
-        "batch {}: claimed {}, published {}, failed {failed} (nacked {})",
+        "batch {}: claimed {}, published {}, failed {failed} (nacked {}), expired {}",
         totals.batches,
-        events.len(),
+        events.len() + expired.len(),
         outcome.confirmed.len(),
-        outcome.declined.len()
+        outcome.declined.len(),
+        expired.len()
     );
     match outcome.outage {
         Some(outage) => Err(outage),

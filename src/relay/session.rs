@@ -137,13 +137,15 @@ impl Session {
         self.outbox.claim(&mut self.client, limit, start, bytes)
     }
 
-    /// The marks for what the broker said, in the batch's transaction: one
-    /// statement per outcome.
-    pub fn mark(&mut self, outcome: &Outcome) -> Result<()> {
+    /// The marks for what the broker said, and for the events that had
+    /// expired (never sent), in the batch's transaction: one statement per
+    /// outcome.
+    pub fn mark(&mut self, outcome: &Outcome, expired: &[i64]) -> Result<()> {
         let outbox = &self.outbox;
         outbox.mark_published(&mut self.client, &outcome.confirmed)?;
         outbox.mark_failed(&mut self.client, &outcome.failed)?;
-        outbox.mark_declined(&mut self.client, &outcome.declined, NACKED)
+        outbox.mark_declined(&mut self.client, &outcome.declined, NACKED)?;
+        outbox.mark_expired(&mut self.client, expired)
     }
 }
 

@@ -4,7 +4,10 @@
 
 use anyhow::Result;
 
+use base64::Engine as _;
+
 use crate::report::stdout;
+use crate::sql::columns::Payload;
 use crate::sql::outbox::Event;
 
 pub fn print(events: &[Event]) -> Result<()> {
@@ -17,23 +20,32 @@ pub fn print(events: &[Event]) -> Result<()> {
     Ok(())
 }
 
-/// One event as a JSON object. The payload goes in as PostgreSQL prints the
-/// jsonb, the very bytes the message would carry: always valid JSON, and
-/// never parsed here, so that no payload (a number beyond a float's range,
+/// One event as a JSON object. A json or jsonb payload goes in as it is,
+/// the very bytes the message would carry: always valid JSON, and never
+/// parsed here, so that no payload (a number beyond a float's range,
 /// nesting deeper than a parser's limit) can stop the dry run; so do the
-/// headers, where the row has them. A row that cannot be sent shows its id
-/// and why.
+/// headers, where the row has them. A text payload goes in as a JSON
+/// string, a bytea one base64-encoded under `payload_base64`, as an
+/// archive writes it. A row that cannot be sent shows its id and why.
 fn line(event: &Event) -> String {
     let text = |value: &str| serde_json::Value::from(value).to_string();
     if let Some(reason) = &event.unreadable {
         return format!("{{\"id\":{},\"unreadable\":{}}}", event.id, text(reason));
     }
+    let body = String::from_utf8_lossy(&event.payload);
+    let payload = match event.payload_type {
+        Payload::Jsonb | Payload::Json => format!("\"payload\":{body}"),
+        Payload::Text => format!("\"payload\":{}", text(&body)),
+        Payload::Bytea => format!(
+            "\"payload_base64\":\"{}\"",
+            base64::engine::general_purpose::STANDARD.encode(&event.payload)
+        ),
+    };
     let mut line = format!(
-        "{{\"id\":{},\"event_id\":{},\"event_type\":{},\"payload\":{},\"created_at\":{},\"attempts\":{}",
+        "{{\"id\":{},\"event_id\":{},\"event_type\":{},{payload},\"created_at\":{},\"attempts\":{}",
         event.id,
         text(&event.event_id),
         text(&event.event_type),
-        event.payload,
         created_at(event.created_at),
         event.attempts
     );
@@ -44,8 +56,22 @@ fn line(event: &Event) -> String {
     if let Some(routing_key) = &event.routing_key {
         line.push_str(&format!(",\"routing_key\":{}", text(routing_key)));
     }
-    if let Some(ordering_key) = &event.ordering_key {
-        line.push_str(&format!(",\"ordering_key\":{}", text(ordering_key)));
+    for (name, value) in [
+        ("ordering_key", &event.ordering_key),
+        ("exchange", &event.exchange),
+        ("content_type", &event.content_type),
+        ("content_encoding", &event.content_encoding),
+        ("correlation_id", &event.correlation_id),
+    ] {
+        if let Some(value) = value {
+            line.push_str(&format!(",\"{name}\":{}", text(value)));
+        }
+    }
+    if let Some(priority) = event.priority {
+        line.push_str(&format!(",\"priority\":{priority}"));
+    }
+    if event.expired() {
+        line.push_str(",\"expired\":true");
     }
     line.push('}');
     line

@@ -126,7 +126,7 @@ pub fn render(table: &str, run: &Run, backlog: Option<&Backlog>) -> String {
 type Gauge = (&'static str, &'static str, String);
 
 /// What the run did.
-fn run_gauges(run: &Run) -> [Gauge; 8] {
+fn run_gauges(run: &Run) -> [Gauge; 9] {
     let totals = &run.totals;
     [
         (
@@ -169,12 +169,17 @@ fn run_gauges(run: &Run) -> [Gauge; 8] {
             "Events of the last run whose batch's COMMIT outcome is unknown (the connection dropped during it): marked or not.",
             totals.unknown.to_string(),
         ),
+        (
+            "last_run_expired",
+            "Events the last run found past their expires_at: marked expired, never published (not a failure).",
+            totals.expired.to_string(),
+        ),
     ]
 }
 
 /// The backlog the run left, as `status` counts it, and the dead-tuple
 /// ratio.
-fn backlog_gauges(backlog: &Backlog) -> [Gauge; 6] {
+fn backlog_gauges(backlog: &Backlog) -> [Gauge; 7] {
     let figures = &backlog.figures;
     [
         (
@@ -196,6 +201,11 @@ fn backlog_gauges(backlog: &Backlog) -> [Gauge; 6] {
             "dead",
             "Unpublished events at --max-attempts: never claimed again.",
             figures.dead.to_string(),
+        ),
+        (
+            "expired",
+            "Unpublished events past their expires_at: never published, counted in none of the above.",
+            figures.expired.to_string(),
         ),
         (
             "oldest_pending_age_seconds",
@@ -256,6 +266,7 @@ mod tests {
                 failed: 1,
                 batches: 1,
                 unknown: 0,
+                expired: 0,
             },
         };
         let text = render("app.outbox", &run, None);

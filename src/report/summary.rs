@@ -38,6 +38,7 @@ pub fn print(totals: &Totals, started: Instant, exit: Exit) -> std::io::Result<(
         "duration_ms": started.elapsed().as_millis() as u64,
         "exit_code": exit.code(),
         "unknown": totals.unknown,
+        "expired": totals.expired,
     });
     stdout::line(&summary.to_string())
 }

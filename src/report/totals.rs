@@ -7,6 +7,8 @@ pub struct Totals {
     pub claimed: u64,
     pub published: u64,
     pub failed: u64,
+    /// Events claimed past their expires_at: marked expired, never sent.
+    pub expired: u64,
     pub batches: u64,
     /// Events the broker answered for in a batch whose COMMIT's outcome is
     /// unknown (the connection dropped during it): marked or not, nobody

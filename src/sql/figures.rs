@@ -21,6 +21,9 @@ pub struct Figures {
     pub retrying: i64,
     /// Unpublished with attempts >= --max-attempts: never claimed again.
     pub dead: i64,
+    /// Unpublished and past expires_at: never published, and counted in
+    /// none of the four above (0 on a table without expires_at).
+    pub expired: i64,
     /// Whole seconds since the oldest pending event was created, among
     /// those whose created_at is finite.
     pub oldest_pending_age_s: Option<i64>,
@@ -28,7 +31,8 @@ pub struct Figures {
 
 impl Figures {
     /// The contract's `status --json` object, its five fields in the
-    /// contract's order (serde_json's preserve_order keeps it).
+    /// contract's order (serde_json's preserve_order keeps it), then
+    /// `expired`.
     pub fn to_json(self) -> serde_json::Value {
         serde_json::json!({
             "pending": self.pending,
@@ -36,6 +40,7 @@ impl Figures {
             "retrying": self.retrying,
             "dead": self.dead,
             "oldest_pending_age_s": self.oldest_pending_age_s,
+            "expired": self.expired,
         })
     }
 
@@ -48,6 +53,7 @@ impl Figures {
                 due: total.due + figures.due,
                 retrying: total.retrying + figures.retrying,
                 dead: total.dead + figures.dead,
+                expired: total.expired + figures.expired,
                 oldest_pending_age_s: total.oldest_pending_age_s.max(figures.oldest_pending_age_s),
             })
     }
@@ -169,9 +175,14 @@ fn query(
     max_attempts: i32,
     group: bool,
 ) -> Result<Vec<(String, Figures)>> {
+    const WHAT: &str = "counting the backlog";
+    let expires = columns::of_table(client, table, WHAT)?.columns.expires_at;
     let rows = client
-        .query(&figures_sql(&table.quoted(), group), &[&max_attempts])
-        .map_err(|error| classify_on_table(&error, "counting the backlog", table))?;
+        .query(
+            &figures_sql(&table.quoted(), group, expires),
+            &[&max_attempts],
+        )
+        .map_err(|error| classify_on_table(&error, WHAT, table))?;
     Ok(rows
         .iter()
         .map(|row| {
@@ -183,6 +194,10 @@ fn query(
                     retrying: row.get(3),
                     dead: row.get(4),
                     oldest_pending_age_s: row.get(5),
+                    expired: match expires {
+                        true => row.get(6),
+                        false => 0,
+                    },
                 },
             )
         })
@@ -193,20 +208,32 @@ fn query(
 /// values: an event created at '-infinity' (or 'infinity') has no age, and
 /// `now()` minus it is an error that would stop `status` and the metrics
 /// for the whole table. Such an event still counts as pending.
-fn figures_sql(table: &str, group: bool) -> String {
+///
+/// On a table with expires_at (`expires`), an event past it counts as
+/// expired and in none of the others; without, nothing is expired and the
+/// statement is what it always was.
+fn figures_sql(table: &str, group: bool, expires: bool) -> String {
     let (key, tail) = if group {
         ("event_type", " GROUP BY event_type ORDER BY event_type")
     } else {
         ("''", "")
     };
+    let (live, expired) = match expires {
+        true => (
+            " AND (expires_at IS NULL OR expires_at > now())",
+            ", count(*) FILTER (WHERE expires_at <= now())",
+        ),
+        false => ("", ""),
+    };
     format!(
         "SELECT {key}, \
-           count(*) FILTER (WHERE attempts < $1::int), \
-           count(*) FILTER (WHERE attempts < $1::int AND available_at <= now()), \
-           count(*) FILTER (WHERE attempts < $1::int AND attempts > 0), \
-           count(*) FILTER (WHERE attempts >= $1::int), \
+           count(*) FILTER (WHERE attempts < $1::int{live}), \
+           count(*) FILTER (WHERE attempts < $1::int AND available_at <= now(){live}), \
+           count(*) FILTER (WHERE attempts < $1::int AND attempts > 0{live}), \
+           count(*) FILTER (WHERE attempts >= $1::int{live}), \
            floor(extract(epoch FROM now() - min(created_at) \
-             FILTER (WHERE attempts < $1::int AND isfinite(created_at))))::bigint \
+             FILTER (WHERE attempts < $1::int AND isfinite(created_at){live})))::bigint\
+           {expired} \
          FROM {table} WHERE published_at IS NULL{tail}"
     )
 }
@@ -223,10 +250,11 @@ mod tests {
             retrying: 1,
             dead: 4,
             oldest_pending_age_s: None,
+            expired: 5,
         };
         assert_eq!(
             figures.to_json().to_string(),
-            r#"{"pending":3,"due":2,"retrying":1,"dead":4,"oldest_pending_age_s":null}"#
+            r#"{"pending":3,"due":2,"retrying":1,"dead":4,"oldest_pending_age_s":null,"expired":5}"#
         );
     }
 }

@@ -13,7 +13,7 @@
 use crate::sql::table::{TableName, quote};
 
 /// Every migration, in the order it runs.
-pub const MIGRATIONS: [(&str, &str); 5] = [
+pub const MIGRATIONS: [(&str, &str); 6] = [
     (
         "0001_create_outbox.sql",
         include_str!("../../migrations/0001_create_outbox.sql"),
@@ -33,6 +33,10 @@ pub const MIGRATIONS: [(&str, &str); 5] = [
     (
         "0005_autovacuum.sql",
         include_str!("../../migrations/0005_autovacuum.sql"),
+    ),
+    (
+        "0006_message_columns.sql",
+        include_str!("../../migrations/0006_message_columns.sql"),
     ),
 ];
 

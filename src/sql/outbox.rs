@@ -24,7 +24,7 @@ use postgres::{Client, Statement};
 use crate::cli::OnPublish;
 use crate::connect::database::{classify_on_table, describe};
 use crate::exit;
-use crate::sql::columns::{self, Columns};
+use crate::sql::columns::{self, Columns, Payload};
 use crate::sql::table::TableName;
 
 /// Backoff after a failed attempt: `BACKOFF_BASE * 2^attempts`, capped at
@@ -81,8 +81,11 @@ pub struct Event {
     pub id: i64,
     pub event_id: String,
     pub event_type: String,
-    /// The jsonb as PostgreSQL prints it: sent as the message body unchanged.
-    pub payload: String,
+    /// The message body: the payload's bytes (jsonb as PostgreSQL prints
+    /// it, json and text as stored, bytea raw), sent unchanged.
+    pub payload: Vec<u8>,
+    /// The payload column's type, which gives the default content_type.
+    pub payload_type: Payload,
     /// created_at in whole seconds since the epoch, for the AMQP timestamp:
     /// plus or minus infinity for an infinite created_at, None for a NULL.
     pub created_at: Option<f64>,
@@ -96,6 +99,22 @@ pub struct Event {
     pub headers: Option<String>,
     pub routing_key: Option<String>,
     pub ordering_key: Option<String>,
+    pub exchange: Option<String>,
+    pub content_type: Option<String>,
+    pub content_encoding: Option<String>,
+    pub correlation_id: Option<String>,
+    /// As stored: a value outside AMQP's 0 to 255 fails the event.
+    pub priority: Option<i32>,
+    /// Seconds from the claim to expires_at (infinite for `infinity`);
+    /// zero or less: expired, never to be published.
+    pub expires_in: Option<f64>,
+}
+
+impl Event {
+    /// Past its expires_at: marked expired, never published.
+    pub fn expired(&self) -> bool {
+        self.expires_in.is_some_and(|seconds| seconds <= 0.0)
+    }
 }
 
 /// The prepared statements for one table on one connection. The marks
@@ -107,6 +126,8 @@ pub struct Outbox {
     order: Order,
     /// The optional columns the claim selects, after the fixed six.
     columns: Columns,
+    /// The payload column's type: how the claim reads it.
+    payload: Payload,
     /// The claim of the run's order; a plain claim from the head of the
     /// table has no range on id (see claim_sql).
     claim: Statement,
@@ -133,6 +154,8 @@ struct Marks {
     published: Statement,
     failed: Statement,
     declined: Statement,
+    /// Only on a table with expires_at.
+    expired: Option<Statement>,
 }
 
 /// The created_at range of a claimed batch, in seconds since the epoch:
@@ -192,12 +215,14 @@ impl Outbox {
                  `outbox-poll migrate --table {table}` to create or upgrade the table"
             )));
         }
+        let payload = shape.payload(PREPARING, table)?;
         let quoted = table.quoted();
-        let selected = selected(&shape.columns);
+        let selected = selected(&shape.columns, payload);
+        let pending = pending(&shape.columns);
         let claim = match order {
             Order::Plain => claim_sql(&quoted, &selected, false),
-            Order::Strict => ordered_claim_sql(&quoted, &selected),
-            Order::ByKey => by_key_claim_sql(&quoted, &selected),
+            Order::Strict => ordered_claim_sql(&quoted, &selected, pending),
+            Order::ByKey => by_key_claim_sql(&quoted, &selected, pending),
         };
         let before_claim = match order {
             Order::Strict => Some(prepare(client, LOCK_AND_SEE_SESSIONS_SQL, table)?),
@@ -214,6 +239,7 @@ impl Outbox {
             max_attempts,
             order,
             columns: shape.columns,
+            payload,
             by_created_at: shape.by_created_at,
             claimed: Created::ALL,
         };
@@ -241,6 +267,14 @@ impl Outbox {
                 &mark_declined_sql(&quoted, partitioned),
                 &self.table,
             )?,
+            expired: match self.columns.expires_at {
+                true => Some(prepare(
+                    client,
+                    &mark_expired_sql(&quoted, partitioned),
+                    &self.table,
+                )?),
+                false => None,
+            },
         });
         Ok(())
     }
@@ -302,7 +336,8 @@ impl Outbox {
         bytes: i64,
     ) -> Result<Vec<Event>> {
         if let (Order::Plain, Start::Id(_), None) = (self.order, start, &self.claim_from) {
-            let sql = claim_sql(&self.table.quoted(), &selected(&self.columns), true);
+            let selected = selected(&self.columns, self.payload);
+            let sql = claim_sql(&self.table.quoted(), &selected, true);
             self.claim_from = Some(prepare(client, &sql, &self.table)?);
         }
         // The head of a by-key claim: '' sorts before any other key.
@@ -373,11 +408,21 @@ impl Outbox {
                 }
             }
         };
-        let (event_id, event_type, payload) = (
-            text(1, "event_id"),
-            text(2, "event_type"),
-            text(3, "payload"),
-        );
+        let (event_id, event_type) = (text(1, "event_id"), text(2, "event_type"));
+        let payload = match self.payload {
+            Payload::Bytea => match row.try_get::<_, Option<Vec<u8>>>(3) {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => {
+                    unreadable.get_or_insert("payload is NULL: this event cannot be sent".into());
+                    Vec::new()
+                }
+                Err(error) => {
+                    unreadable.get_or_insert(format!("payload cannot be read: {error}"));
+                    Vec::new()
+                }
+            },
+            _ => text(3, "payload").into_bytes(),
+        };
         let created_at = row.try_get(4).unwrap_or_else(|error| {
             unreadable.get_or_insert(format!("created_at cannot be read: {error}"));
             None
@@ -388,31 +433,39 @@ impl Outbox {
         });
         // The optional columns follow the fixed six, in this order, each
         // only where the table has it (see `selected`).
-        let mut index = 6;
-        let mut optional = |present: bool, column: &str| -> Option<String> {
-            if !present {
-                return None;
-            }
-            index += 1;
-            row.try_get(index - 1).unwrap_or_else(|error| {
-                unreadable.get_or_insert(format!("{column} cannot be read: {error}"));
-                None
-            })
+        let columns = &self.columns;
+        let mut next = Optional {
+            row,
+            index: 6,
+            unreadable: &mut unreadable,
         };
-        let headers = optional(self.columns.headers, "headers");
-        let routing_key = optional(self.columns.routing_key, "routing_key");
-        let ordering_key = optional(self.columns.ordering_key, "ordering_key");
+        let headers = next.read(columns.headers, "headers");
+        let routing_key = next.read(columns.routing_key, "routing_key");
+        let ordering_key = next.read(columns.ordering_key, "ordering_key");
+        let exchange = next.read(columns.exchange, "exchange");
+        let content_type = next.read(columns.content_type, "content_type");
+        let content_encoding = next.read(columns.content_encoding, "content_encoding");
+        let correlation_id = next.read(columns.correlation_id, "correlation_id");
+        let priority = next.read(columns.priority, "priority");
+        let expires_in = next.read(columns.expires_at, "expires_at");
         Ok(Event {
             id,
             event_id,
             event_type,
             payload,
+            payload_type: self.payload,
             created_at,
             attempts,
             unreadable,
             headers,
             routing_key,
             ordering_key,
+            exchange,
+            content_type,
+            content_encoding,
+            correlation_id,
+            priority,
+            expires_in,
         })
     }
 
@@ -490,6 +543,24 @@ impl Outbox {
         Ok(())
     }
 
+    /// Records that each of these events of the last claim expired before
+    /// it could be published: no attempt counted, never claimed again
+    /// (see `mark_expired_sql`).
+    pub fn mark_expired(&self, client: &mut Client, ids: &[i64]) -> Result<()> {
+        let Some(statement) = (!ids.is_empty())
+            .then(|| self.marks())
+            .transpose()?
+            .and_then(|marks| marks.expired.as_ref())
+        else {
+            return Ok(());
+        };
+        let ids: &(dyn ToSql + Sync) = &ids;
+        client
+            .execute(statement, &self.with_created(vec![ids]))
+            .map_err(|error| classify_on_table(&error, "recording expired events", &self.table))?;
+        Ok(())
+    }
+
     /// A mark's parameters, followed on a table partitioned by created_at
     /// by the last claim's created_at range.
     fn with_created<'p>(
@@ -504,6 +575,38 @@ impl Outbox {
     }
 }
 
+/// The optional columns of one claimed row, read in turn.
+struct Optional<'r> {
+    row: &'r postgres::Row,
+    /// The next column's position.
+    index: usize,
+    /// Why the row cannot be sent: the first column that cannot be read.
+    unreadable: &'r mut Option<String>,
+}
+
+impl Optional<'_> {
+    /// The next column, if the table has it (`present`): None for a NULL,
+    /// or when it cannot be read (the row then fails, saying which).
+    fn read<'a, T: postgres::types::FromSql<'a>>(
+        &mut self,
+        present: bool,
+        column: &str,
+    ) -> Option<T>
+    where
+        Self: 'a,
+    {
+        if !present {
+            return None;
+        }
+        self.index += 1;
+        self.row.try_get(self.index - 1).unwrap_or_else(|error| {
+            self.unreadable
+                .get_or_insert(format!("{column} cannot be read: {error}"));
+            None
+        })
+    }
+}
+
 /// Cast to the types the code reads, so a table of the reference article
 /// with `id serial` or `attempts bigint` works instead of failing to decode,
 /// and so that no value of one row can make the claim itself fail. The
@@ -512,7 +615,10 @@ impl Outbox {
 /// gives for an infinite created_at (plus or minus Infinity, where a bigint
 /// cast would fail the whole claim) and the whole seconds of every finite
 /// timestamp PostgreSQL can store, exactly (fewer than 2^53).
+/// A bytea payload is read as it is, its raw bytes; the others as text.
 const SELECTED: &str = "id::bigint, event_id::text, event_type::text, payload::text, \
+     floor(extract(epoch FROM created_at))::float8, attempts::bigint";
+const SELECTED_BYTEA: &str = "id::bigint, event_id::text, event_type::text, payload, \
      floor(extract(epoch FROM created_at))::float8, attempts::bigint";
 
 /// What the error of a statement that cannot be prepared says was going on.
@@ -526,13 +632,28 @@ fn prepare(client: &mut Client, sql: &str, table: &TableName) -> Result<Statemen
 }
 
 /// The claim's select list: the fixed six, then the optional columns the
-/// table has, in the order `Outbox::event` reads them.
-fn selected(columns: &Columns) -> String {
-    let mut list = SELECTED.to_string();
+/// table has, in the order `Outbox::event` reads them. expires_at is read
+/// as the seconds left, by the server's clock (as float8, which holds
+/// `infinity`), when the claim runs.
+fn selected(columns: &Columns, payload: Payload) -> String {
+    let mut list = match payload {
+        Payload::Bytea => SELECTED_BYTEA,
+        _ => SELECTED,
+    }
+    .to_string();
     for (present, column) in [
         (columns.headers, ", headers::text"),
         (columns.routing_key, ", routing_key::text"),
         (columns.ordering_key, ", ordering_key::text"),
+        (columns.exchange, ", exchange::text"),
+        (columns.content_type, ", content_type::text"),
+        (columns.content_encoding, ", content_encoding::text"),
+        (columns.correlation_id, ", correlation_id::text"),
+        (columns.priority, ", priority::int"),
+        (
+            columns.expires_at,
+            ", (extract(epoch FROM expires_at) - extract(epoch FROM clock_timestamp()))::float8",
+        ),
     ] {
         if present {
             list.push_str(column);
@@ -600,11 +721,11 @@ fn settled() -> String {
 /// off or may yet be preceded by a row not committed. Dead rows are not
 /// pending, which is how a poison event stops blocking the table. It waits
 /// for (rather than skips) a row another transaction holds.
-fn ordered_claim_sql(table: &str, selected: &str) -> String {
+fn ordered_claim_sql(table: &str, selected: &str, live: &str) -> String {
     let pending = |half: &str| {
         format!(
             "(SELECT id, producer_xid, available_at FROM {table} \
-              WHERE {half} AND published_at IS NULL AND attempts < $1::int \
+              WHERE {half} AND published_at IS NULL AND attempts < $1::int{live} \
               ORDER BY producer_xid, id LIMIT $2)"
         )
     };
@@ -639,18 +760,18 @@ fn ordered_claim_sql(table: &str, selected: &str) -> String {
 /// after it are those its batches in flight do not hold) and then goes on
 /// from the first key up to $3, so it covers every key. Then, for the rest
 /// of the batch, events without a key, as a plain claim takes them.
-fn by_key_claim_sql(table: &str, selected: &str) -> String {
+fn by_key_claim_sql(table: &str, selected: &str, live: &str) -> String {
     let heads = |name: &str, range: &str| {
         format!(
             "{name}(head_key, head_id) AS ( \
                  (SELECT ordering_key, id FROM {table} \
-                  WHERE {range} AND published_at IS NULL AND attempts < $1::int \
+                  WHERE {range} AND published_at IS NULL AND attempts < $1::int{live} \
                   ORDER BY ordering_key, producer_xid, id LIMIT 1) \
                UNION ALL \
                  SELECT next.ordering_key, next.id FROM {name}, LATERAL ( \
                    SELECT ordering_key, id FROM {table} \
                    WHERE {range} AND ordering_key > {name}.head_key \
-                     AND published_at IS NULL AND attempts < $1::int \
+                     AND published_at IS NULL AND attempts < $1::int{live} \
                    ORDER BY ordering_key, producer_xid, id LIMIT 1) AS next)"
         )
     };
@@ -675,6 +796,18 @@ fn by_key_claim_sql(table: &str, selected: &str) -> String {
              FOR UPDATE SKIP LOCKED) \
          SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed"
     )
+}
+
+/// What else an event must be to hold back the events after it in the
+/// ordered modes, on a table with expires_at: not expired, unless it is
+/// due (a due expired event is claimed, to be marked expired, and holds
+/// nothing back: it is never published). An expired event backing off, or
+/// already marked expired, is left out, as dead events are.
+fn pending(columns: &Columns) -> &'static str {
+    match columns.expires_at {
+        true => " AND (expires_at IS NULL OR expires_at > now() OR available_at <= now())",
+        false => "",
+    }
 }
 
 /// On a table partitioned by created_at, the condition that confines a
@@ -732,6 +865,18 @@ fn mark_declined_sql(table: &str, by_created_at: bool) -> String {
     )
 }
 
+/// An event past expires_at is never published: last_error says so, no
+/// attempt is counted, and available_at = infinity keeps every claim off
+/// it (status counts it as expired; `requeue` makes it eligible again,
+/// and the next run that meets it marks it again if it is still past).
+fn mark_expired_sql(table: &str, by_created_at: bool) -> String {
+    let range = created_range("", by_created_at, 2);
+    format!(
+        "UPDATE {table} SET last_error = 'expired', available_at = 'infinity' \
+         WHERE id = ANY($1::bigint[]){range}"
+    )
+}
+
 /// The --ordered lock, keyed by the table's oid, so two tables never share
 /// a lock and two spellings of one table always do; and the first look at
 /// pg_stat_activity (see `Outbox::before_claim`).
@@ -747,10 +892,10 @@ mod tests {
 
     #[test]
     fn only_a_claim_from_an_id_has_a_range_on_id() {
-        let selected = selected(&Columns::default());
+        let selected = selected(&Columns::default(), Payload::Jsonb);
         assert!(!claim_sql("t", &selected, false).contains("id >="));
         assert!(claim_sql("t", &selected, true).contains("AND id >= $3::bigint "));
-        assert!(!ordered_claim_sql("t", &selected).contains("id >="));
+        assert!(!ordered_claim_sql("t", &selected, "").contains("id >="));
     }
 
     #[test]
@@ -795,7 +940,8 @@ mod tests {
 
     #[test]
     fn a_table_without_the_optional_columns_is_sent_the_claim_it_always_was() {
-        let sql = claim_sql(r#""app"."outbox""#, &selected(&Columns::default()), true);
+        let selected = selected(&Columns::default(), Payload::Jsonb);
+        let sql = claim_sql(r#""app"."outbox""#, &selected, true);
         assert_eq!(
             sql,
             "SELECT id::bigint, event_id::text, event_type::text, payload::text, \
@@ -814,13 +960,47 @@ mod tests {
             routing_key: true,
             ordering_key: true,
             producer_xid: true,
+            exchange: true,
+            content_type: true,
+            content_encoding: true,
+            correlation_id: true,
+            priority: true,
+            expires_at: true,
         };
-        let list = selected(&all);
+        let list = selected(&all, Payload::Jsonb);
         assert!(
-            list.ends_with(
-                "attempts::bigint, headers::text, routing_key::text, ordering_key::text"
+            list.contains(
+                "attempts::bigint, headers::text, routing_key::text, ordering_key::text, \
+                 exchange::text, content_type::text, content_encoding::text, \
+                 correlation_id::text, priority::int, (extract(epoch FROM expires_at)"
             ),
             "{list}"
         );
+    }
+
+    #[test]
+    fn a_bytea_payload_is_selected_as_its_raw_bytes_and_the_rest_as_text() {
+        for (payload, expected) in [
+            (Payload::Bytea, "event_type::text, payload, floor"),
+            (Payload::Json, "event_type::text, payload::text, floor"),
+            (Payload::Text, "event_type::text, payload::text, floor"),
+        ] {
+            let list = selected(&Columns::default(), payload);
+            assert!(list.contains(expected), "{payload:?}: {list}");
+        }
+    }
+
+    #[test]
+    fn only_a_table_with_expires_at_has_expired_events_left_out_of_the_ordered_heads() {
+        let with = Columns {
+            expires_at: true,
+            ..Columns::default()
+        };
+        assert_eq!(pending(&Columns::default()), "");
+        let live = pending(&with);
+        assert!(ordered_claim_sql("t", "id", live).contains("expires_at > now()"));
+        let by_key = by_key_claim_sql("t", "id", live);
+        assert_eq!(by_key.matches("expires_at > now()").count(), 4, "{by_key}");
+        assert!(!by_key_claim_sql("t", "id", "").contains("expires_at"));
     }
 }

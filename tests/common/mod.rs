@@ -146,6 +146,10 @@ pub struct Message {
     pub message_id: String,
     pub kind: Option<String>,
     pub content_type: Option<String>,
+    pub content_encoding: Option<String>,
+    pub correlation_id: Option<String>,
+    pub priority: Option<u8>,
+    pub expiration: Option<String>,
     pub delivery_mode: Option<u8>,
     pub timestamp: Option<u64>,
     pub app_id: Option<String>,
@@ -279,6 +283,9 @@ pub struct Fixture {
     pub database_url: String,
     /// The database this fixture created, dropped with it.
     own_database: Option<String>,
+    /// Exchanges (each with its queue of the same name) beyond the
+    /// fixture's own, deleted with it (see `another_exchange`).
+    others: Vec<String>,
     pub db: Client,
     pub amqp: Amqp,
 }
@@ -364,6 +371,7 @@ impl Fixture {
             schema: name,
             database_url,
             own_database,
+            others: Vec::new(),
             db,
             amqp,
         }
@@ -468,7 +476,8 @@ impl Fixture {
             .query(
                 &format!(
                     "SELECT event_id, published_at IS NOT NULL, attempts, last_error, \
-                     extract(epoch FROM available_at - now())::float8 FROM {} ORDER BY id",
+                     (extract(epoch FROM available_at) - extract(epoch FROM now()))::float8 \
+                     FROM {} ORDER BY id",
                     self.quoted_table()
                 ),
                 &[],
@@ -538,6 +547,16 @@ impl Fixture {
         self.rows().iter().filter(|row| row.published).count()
     }
 
+    /// Another topic exchange of this test, `<exchange>.<suffix>`, with a
+    /// queue of the same name bound to every routing key; both deleted
+    /// with the fixture. Returns the name.
+    pub fn another_exchange(&mut self, suffix: &str) -> String {
+        let name = format!("{}.{suffix}", self.exchange);
+        self.amqp.declare(&name, &name, "#");
+        self.others.push(name.clone());
+        name
+    }
+
     /// Every message now in the fixture's queue, taken off it.
     pub fn messages(&self) -> Vec<Message> {
         self.amqp.take_all(&self.queue)
@@ -565,6 +584,9 @@ impl Drop for Fixture {
             )),
         };
         self.amqp.delete(&self.exchange, &self.queue);
+        for other in &self.others {
+            self.amqp.delete(other, other);
+        }
     }
 }
 
@@ -737,6 +759,10 @@ impl Amqp {
                     message_id: text(properties.message_id()).unwrap_or_default(),
                     kind: text(properties.kind()),
                     content_type: text(properties.content_type()),
+                    content_encoding: text(properties.content_encoding()),
+                    correlation_id: text(properties.correlation_id()),
+                    priority: *properties.priority(),
+                    expiration: text(properties.expiration()),
                     delivery_mode: *properties.delivery_mode(),
                     timestamp: *properties.timestamp(),
                     app_id: text(properties.app_id()),
