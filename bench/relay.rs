@@ -313,7 +313,7 @@ fn publish_bare<'c>(
         exchange.into(),
         event.event_type.as_str().into(),
         BasicPublishOptions::default(),
-        event.payload.as_bytes(),
+        &event.payload,
         BasicProperties::default().with_delivery_mode(2),
     )
 }
