@@ -246,7 +246,7 @@ fn a_steady_stream_after_a_quiet_spell_never_meets_the_quiet_interval_when_polli
     );
     let slowest = waits.iter().map(|&(wait, _)| wait).max();
     assert!(
-        slowest.is_some_and(|wait| wait <= 50),
+        slowest.is_some_and(|wait| wait <= 100),
         "it planned to wait {slowest:?} ms before looking again: {waits:?}"
     );
 }
@@ -255,7 +255,7 @@ fn a_steady_stream_after_a_quiet_spell_never_meets_the_quiet_interval_when_polli
 fn a_polling_follow_that_sees_an_event_another_run_holds_backs_off_instead_of_claiming_at_every_look()
  {
     // The look sees the held row, the claim skips it: claiming after every
-    // look would cost a claim every 25 ms for as long as the row is held.
+    // look would cost a claim every look for as long as the row is held.
     let mut fx = Fixture::new("follow_held");
     fx.insert_event("held", "order.created", "{}");
     let held = fx.hold_row("held");
@@ -331,7 +331,7 @@ fn an_idle_follow_holds_one_session_idle_outside_any_transaction() {
     assert!(wait_until(Duration::from_secs(10), || {
         !backends(&mut observer, &db).is_empty()
     }));
-    // A look every 25 ms is a statement of a fraction of a millisecond,
+    // A look every 100 ms is a statement of a fraction of a millisecond,
     // outside any transaction: a few samples may catch one, most must not.
     let samples: Vec<Vec<Backend>> = (0..20)
         .map(|_| {
