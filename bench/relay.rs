@@ -573,6 +573,12 @@ fn empty(fx: &mut Fixture, results: &mut Results) {
 }
 
 fn main() {
+    // The latency section's producer: this program again, as a process of
+    // its own.
+    if let Ok(spec) = std::env::var(latency::PRODUCER) {
+        latency::producer(&spec);
+        return;
+    }
     let settings = Settings::from_env();
     let mut fx = Fixture::new(settings);
     let mut results = Results::new();

@@ -196,6 +196,84 @@ fn a_table_without_the_notify_trigger_is_followed_by_polling() {
     );
 }
 
+/// What a polling follow decided before each of its waits, from its trace
+/// log: how long it would wait before looking at the table again, and how
+/// long it had been quiet (since its last claim that found events), in ms.
+fn planned_waits(stderr: &str) -> Vec<(u64, u64)> {
+    stderr
+        .lines()
+        .filter_map(|line| {
+            let (_, decision) = line.split_once("looking at the table again in ")?;
+            let (wait, quiet) = decision.split_once(" ms, quiet for ")?;
+            Some((wait.parse().ok()?, quiet.strip_suffix(" ms")?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn a_steady_stream_after_a_quiet_spell_never_meets_the_quiet_interval_when_polling() {
+    // Asserted on the waits the follow plans, not on latencies: a loaded
+    // machine stretches every wait and every claim, but not the plan, and
+    // the quiet interval (250 ms) is far from the looks it should make.
+    let mut fx = Fixture::new("follow_steady");
+    let trace = [("RUST_LOG", "outbox_poll::relay::follow=trace".to_string())];
+    let follower = Follower::start(&fx, &trace, &["--max-duration", "60s"]);
+    // Quiet for over a second: a follow backing off would be at its
+    // slowest by now.
+    sleep(Duration::from_millis(1500));
+    let mut producer = fx.connect();
+    for n in 0..20 {
+        let sql = format!(
+            "INSERT INTO {} (event_id, event_type, payload) VALUES ($1, 'order.created', '{{}}')",
+            fx.quoted_table()
+        );
+        producer.execute(&sql, &[&format!("steady-{n}")]).unwrap();
+        sleep(Duration::from_millis(50));
+    }
+    assert!(wait_until(Duration::from_secs(10), || fx.published_count() == 20));
+    follower.signal("-TERM");
+    let (run, _) = follower.finish();
+    assert_eq!(
+        (run.code, run.field("published")),
+        (143, 20),
+        "{}",
+        run.stderr
+    );
+    let waits = planned_waits(&run.stderr);
+    assert!(
+        waits.iter().any(|&(_, quiet)| quiet >= 1000),
+        "the follow never met a quiet spell of a second: {waits:?}"
+    );
+    let slowest = waits.iter().map(|&(wait, _)| wait).max();
+    assert!(
+        slowest.is_some_and(|wait| wait <= 100),
+        "it planned to wait {slowest:?} ms before looking again: {waits:?}"
+    );
+}
+
+#[test]
+fn a_polling_follow_that_sees_an_event_another_run_holds_backs_off_instead_of_claiming_at_every_look()
+ {
+    // The look sees the held row, the claim skips it: claiming after every
+    // look would cost a claim every look for as long as the row is held.
+    let mut fx = Fixture::new("follow_held");
+    fx.insert_event("held", "order.created", "{}");
+    let held = fx.hold_row("held");
+    let trace = [("RUST_LOG", "outbox_poll::relay::follow=trace".to_string())];
+    let follower = Follower::start(&fx, &trace, &["--max-duration", "60s"]);
+    sleep(Duration::from_millis(2000));
+    follower.signal("-TERM");
+    let (run, _) = follower.finish();
+    held.release();
+    assert_eq!((run.code, run.field("claimed")), (143, 0), "{}", run.stderr);
+    let waits = planned_waits(&run.stderr);
+    let slowest = waits.iter().map(|&(wait, _)| wait).max();
+    assert!(
+        slowest.is_some_and(|wait| wait >= 200),
+        "it never waited longer than {slowest:?} ms between claims: {waits:?}"
+    );
+}
+
 #[test]
 fn a_follow_that_starts_on_an_empty_table_never_connects_to_the_broker() {
     let fx = notifying("follow_no_broker");
@@ -253,8 +331,8 @@ fn an_idle_follow_holds_one_session_idle_outside_any_transaction() {
     assert!(wait_until(Duration::from_secs(10), || {
         !backends(&mut observer, &db).is_empty()
     }));
-    // A claim every 250 ms opens a transaction for a millisecond or so:
-    // a few samples may catch one, most must not.
+    // A look every 100 ms is a statement of a fraction of a millisecond,
+    // outside any transaction: a few samples may catch one, most must not.
     let samples: Vec<Vec<Backend>> = (0..20)
         .map(|_| {
             sleep(Duration::from_millis(100));

@@ -14,9 +14,11 @@
 //! waits in the session and ends the next wait at once. It still claims
 //! every SAFETY_POLL, for what no insert announces (a backoff that ran
 //! out, a requeue, rows a killed run gave back). Without the trigger it
-//! polls, after a quarter of the time it has been quiet: every
-//! FASTEST_POLL while events keep coming, every SLOWEST_POLL once quiet
-//! for a second.
+//! polls: it looks for a due event with one cheap statement after a
+//! quarter of the time it has been quiet, every FASTEST_POLL while events
+//! keep coming, every SLOWEST_LOOK at most once quiet, and claims when it
+//! sees one. So the first event of a stream that starts after a quiet
+//! spell waits SLOWEST_LOOK at most, not a quiet interval.
 
 use std::time::{Duration, Instant};
 
@@ -38,13 +40,21 @@ const SLICE: Duration = Duration::from_millis(250);
 /// With the notify trigger: how often a quiet follow claims all the same.
 /// Retries and requeues are never due to the millisecond.
 const SAFETY_POLL: Duration = Duration::from_secs(1);
-/// Without it: a follow claims again after a quarter of the time it has
-/// been quiet, so an event that ends a quiet spell waits at most a quarter
-/// of that spell, between these bounds. Each claim costs the server a few
-/// statements: a quiet follow makes 4 a second and still publishes an
-/// event within a fraction of a second (see README, Low latency).
+/// Without it: a follow looks for a due event after a quarter of the time
+/// it has been quiet, between these bounds. A look is one statement, a
+/// third of the round trips of a claim that finds nothing. The bound was
+/// once 250 ms, on claims: the first events of a stream that began after a
+/// quiet second waited up to that long, and at 1,000 events/s so many of
+/// them did that they made the run's p99. Lower than 100 ms costs more
+/// than next to no CPU: at 25 ms an idle follow and its backend each used
+/// about 1% of a core (see README, Low latency).
 const QUIET_SHARE: u32 = 4;
 const FASTEST_POLL: Duration = Duration::from_millis(10);
+const SLOWEST_LOOK: Duration = Duration::from_millis(100);
+/// A look also sees what no claim takes now: rows another run holds, and
+/// events an ordered claim holds back behind an earlier one. Once a claim
+/// after a look took nothing, the follow claims without looking, after a
+/// quarter of its quiet up to SLOWEST_POLL, until a claim takes events.
 const SLOWEST_POLL: Duration = Duration::from_millis(250);
 /// How long after its last batch a follow keeps the broker connection and
 /// the extra sessions a backlog opened. Events less than this apart reuse
@@ -69,35 +79,61 @@ impl Drain<'_> {
             ),
         }
         let mut busy_at = Instant::now();
+        // Polling: a claim after a look that saw due events took nothing.
+        let mut held = false;
+        // A follow claims at once when it starts.
+        let (mut claim, mut looked) = (true, false);
         loop {
-            let claimed = self.totals.claimed;
-            self.run(sessions)?;
-            if self.totals.claimed > claimed {
-                busy_at = Instant::now();
+            if claim {
+                let claimed = self.totals.claimed;
+                self.run(sessions)?;
+                match self.totals.claimed > claimed {
+                    true => (busy_at, held) = (Instant::now(), false),
+                    false => held |= looked,
+                }
+                if !self.within_limits(self.totals.batches) {
+                    return Ok(());
+                }
             }
-            if !self.within_limits(self.totals.batches) {
-                return Ok(());
-            }
-            let poll = next_poll(listening.notified, busy_at.elapsed());
-            self.wait(sessions, Instant::now() + poll, busy_at)?;
+            let quiet = busy_at.elapsed();
+            let (poll, next) = next_poll(listening.notified, held, quiet);
+            log::trace!(
+                "looking at the table again in {} ms, quiet for {} ms",
+                poll.as_millis(),
+                quiet.as_millis()
+            );
+            let woken = self.wait(sessions, Instant::now() + poll, busy_at)?;
             // The wait also ends at --max-duration or a signal: no new
             // round then (a run's first batch opens whatever the limits,
             // and a follow may not have opened one yet).
             if !self.within_limits(self.totals.batches) {
                 return Ok(());
             }
+            looked = !woken && next == Next::Look;
+            claim = !looked || self.look(sessions)?;
         }
+    }
+
+    /// Whether an event is due, asked on the session that listens.
+    fn look(&mut self, sessions: &mut [Session]) -> Result<bool> {
+        self.watchdog.arm(
+            STATEMENT_TIMEOUT + MARGIN,
+            "looking for new events",
+            *self.totals,
+        );
+        sessions[0].any_due()
     }
 
     /// Waits, in slices of at most SLICE, until a notification, `poll_at`,
     /// --max-duration or a signal; lets go of the broker and the extra
-    /// sessions LINGER after `busy_at`, the end of the last batch.
+    /// sessions LINGER after `busy_at`, the end of the last batch. True if
+    /// a notification ended it.
     fn wait(
         &mut self,
         sessions: &mut Vec<Session>,
         poll_at: Instant,
         busy_at: Instant,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let end = self.relay.max_duration.map(|max| self.started + max);
         loop {
             let now = Instant::now();
@@ -107,7 +143,7 @@ impl Drain<'_> {
                 continue;
             }
             if now >= poll_at || !self.within_limits(self.totals.batches) {
-                return Ok(());
+                return Ok(false);
             }
             let mut until = poll_at.min(now + SLICE);
             if holding {
@@ -119,7 +155,7 @@ impl Drain<'_> {
             self.watchdog
                 .arm(SLICE + MARGIN, "waiting for new events", *self.totals);
             if notified(&mut sessions[0].client, until - now)? {
-                return Ok(());
+                return Ok(true);
             }
         }
     }
@@ -139,12 +175,23 @@ impl Drain<'_> {
     }
 }
 
-/// How long to wait for a notification before claiming anyway, after
-/// being `quiet` since the last claim that found events.
-fn next_poll(notified: bool, quiet: Duration) -> Duration {
-    match notified {
-        true => SAFETY_POLL,
-        false => (quiet / QUIET_SHARE).clamp(FASTEST_POLL, SLOWEST_POLL),
+/// What a follow does when its wait ends without a notification.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    Claim,
+    /// Look for a due event first, and claim if there is one.
+    Look,
+}
+
+/// How long to wait for a notification, and what to do if none comes,
+/// after being `quiet` since the last claim that found events; `held`: a
+/// claim after a look that saw due events took nothing since.
+fn next_poll(notified: bool, held: bool, quiet: Duration) -> (Duration, Next) {
+    let after = |slowest| (quiet / QUIET_SHARE).clamp(FASTEST_POLL, slowest);
+    match (notified, held) {
+        (true, _) => (SAFETY_POLL, Next::Claim),
+        (false, false) => (after(SLOWEST_LOOK), Next::Look),
+        (false, true) => (after(SLOWEST_POLL), Next::Claim),
     }
 }
 
@@ -181,18 +228,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn polling_waits_a_quarter_of_the_quiet_between_10_and_250_ms() {
-        let polls: Vec<u128> = [0, 20, 100, 400, 1000, 60_000]
+    fn polling_looks_after_a_quarter_of_the_quiet_between_10_and_100_ms() {
+        let looks: Vec<(u128, Next)> = [0, 20, 60, 200, 1000, 60_000]
             .into_iter()
-            .map(|quiet| next_poll(false, Duration::from_millis(quiet)).as_millis())
+            .map(|quiet| next_poll(false, false, Duration::from_millis(quiet)))
+            .map(|(poll, next)| (poll.as_millis(), next))
             .collect();
-        assert_eq!(polls, [10, 10, 25, 100, 250, 250]);
+        let at = |ms| (ms, Next::Look);
+        assert_eq!(looks, [at(10), at(10), at(15), at(50), at(100), at(100)]);
+    }
+
+    #[test]
+    fn polling_claims_up_to_every_250_ms_without_looking_while_what_it_sees_is_held() {
+        let claims: Vec<(u128, Next)> = [0, 100, 400, 1000, 60_000]
+            .into_iter()
+            .map(|quiet| next_poll(false, true, Duration::from_millis(quiet)))
+            .map(|(poll, next)| (poll.as_millis(), next))
+            .collect();
+        let at = |ms| (ms, Next::Claim);
+        assert_eq!(claims, [at(10), at(25), at(100), at(250), at(250)]);
     }
 
     #[test]
     fn with_the_trigger_a_follow_claims_once_a_second_all_the_same() {
-        for quiet in [Duration::ZERO, Duration::from_secs(60)] {
-            assert_eq!(next_poll(true, quiet), SAFETY_POLL);
+        for (quiet, held) in [(Duration::ZERO, false), (Duration::from_secs(60), true)] {
+            assert_eq!(next_poll(true, held, quiet), (SAFETY_POLL, Next::Claim));
         }
     }
 }

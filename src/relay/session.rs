@@ -130,6 +130,12 @@ impl Session {
         self.outbox.before_claim(&mut self.client)
     }
 
+    /// Whether any event is due (see Outbox::any_due), outside any
+    /// transaction.
+    pub fn any_due(&mut self) -> Result<bool> {
+        self.outbox.any_due(&mut self.client)
+    }
+
     /// Claims up to `limit` due events, starting where `start` says,
     /// holding about `bytes` of payloads at most (see Outbox::claim). The
     /// marks that follow apply to this claim's batch.
