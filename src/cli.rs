@@ -100,6 +100,8 @@ pub enum Command {
     Requeue(RequeueArgs),
     /// Delete published events, in small transactions.
     Prune(PruneArgs),
+    /// Block until every event committed before it started is published or dead.
+    Wait(WaitArgs),
     /// Print a shell completion script on stdout.
     Completions {
         /// The shell to complete for.
@@ -131,6 +133,13 @@ pub struct StatusArgs {
     #[arg(long, value_name = "DURATION", env = "OUTBOX_FAIL_IF_OLDEST_OVER",
           value_parser = duration_up_to(MAX_AGE))]
     pub fail_if_oldest_over: Option<Duration>,
+
+    /// Exit 1 when the oldest due event (available now, not backing off)
+    /// was created longer ago than this: a relay has stopped or fallen
+    /// behind.
+    #[arg(long, value_name = "DURATION", env = "OUTBOX_MAX_AGE",
+          value_parser = duration_up_to(MAX_AGE))]
+    pub max_age: Option<Duration>,
 }
 
 #[derive(Args, Debug)]
@@ -143,6 +152,20 @@ pub struct RequeueArgs {
     /// These events, by event_id (repeat or list several).
     #[arg(long, value_name = "ID", num_args = 1..)]
     pub event_id: Vec<String>,
+
+    /// The failed head of each of these ordering keys (--ordered-by-key),
+    /// so the key's events go again (repeat or list several).
+    #[arg(long, value_name = "KEY", num_args = 1..)]
+    pub key: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct WaitArgs {
+    /// Give up after this long: exit 1, saying what is left (default: wait
+    /// until done, or a signal).
+    #[arg(long, value_name = "DURATION", env = "OUTBOX_WAIT_TIMEOUT",
+          value_parser = duration_up_to(MAX_TIMEOUT))]
+    pub timeout: Option<Duration>,
 }
 
 #[derive(Args, Debug)]
@@ -171,7 +194,7 @@ pub struct PruneArgs {
 pub struct DatabaseArgs {
     /// PostgreSQL URL or key=value string, as libpq reads it (several hosts,
     /// sslmode, target_session_attrs...); without it, libpq's PG* variables
-    /// and files.
+    /// and files. DATABASE_URL_FILE names a file holding it instead.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
 
@@ -195,7 +218,8 @@ pub struct DatabaseArgs {
 pub struct PollArgs {
     /// RabbitMQ URL, or several (the nodes of one cluster, tried in order)
     /// separated by commas or spaces; amqps:// takes cacertfile, certfile,
-    /// keyfile, verify and server_name_indication.
+    /// keyfile, verify and server_name_indication. AMQP_URL_FILE names a
+    /// file holding it instead.
     #[arg(
         long,
         env = "AMQP_URL",

@@ -13,6 +13,7 @@ use crate::connect::amqp_url::amqp_nodes;
 use crate::connect::conninfo::{self, Account, ConnInfo, SystemFiles};
 use crate::connect::database::{self, STATEMENT_TIMEOUT};
 use crate::connect::libpq::Env;
+use crate::connect::secrets;
 use crate::exit;
 use crate::sql::outbox::Order;
 use crate::sql::table::TableName;
@@ -69,8 +70,9 @@ pub struct Relay {
 impl Database {
     pub fn from_args(args: &DatabaseArgs, env: Env) -> Result<Self> {
         let account = Account::current(&SystemFiles);
+        let from_file = secrets::read(&secrets::DATABASE)?;
         let conninfo = conninfo::resolve(
-            args.database_url.as_deref(),
+            from_file.as_deref().or(args.database_url.as_deref()),
             env,
             &SystemFiles,
             account.as_ref(),
@@ -109,7 +111,10 @@ impl Database {
 impl Relay {
     pub fn from_cli(cli: &Cli, database: &Database) -> Result<Self> {
         let args: &PollArgs = &cli.poll;
-        let nodes = amqp_nodes(&args.amqp_url).map_err(exit::config)?;
+        // The file variable and the flag exclude each other (environment.rs).
+        let from_file = secrets::read(&secrets::AMQP)?;
+        let url = from_file.as_deref().unwrap_or(&args.amqp_url);
+        let nodes = amqp_nodes(url).map_err(exit::config)?;
         if args.exchange.len() > MAX_EXCHANGE_BYTES {
             return Err(exit::config(anyhow!(
                 "the exchange name is longer than AMQP's {MAX_EXCHANGE_BYTES} bytes"

@@ -19,6 +19,8 @@ use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, FromArgMatches};
 
 use crate::cli::Cli;
+use crate::connect::secrets;
+use crate::report::stderr;
 
 /// A variable whose value does not parse.
 struct Bad {
@@ -53,9 +55,44 @@ pub fn parse() -> Cli {
             .error(ErrorKind::ValueValidation, &bad.message)
             .exit();
     }
+    url_sources(&mut command, &matches);
     Cli::from_arg_matches(&matches)
         .and_then(Cli::checked)
         .unwrap_or_else(|error| error.exit())
+}
+
+/// The URLs' file variables (`connect::secrets`): given with their
+/// variable or their flag, exit 2; a password in a flag's URL, one warning.
+fn url_sources(command: &mut Command, matches: &ArgMatches) {
+    let mut with_password = Vec::new();
+    for source in [&secrets::DATABASE, &secrets::AMQP] {
+        let given = on_command_line(matches, source.id);
+        if let Some(message) = secrets::conflict(source, given.is_some()) {
+            command.error(ErrorKind::ArgumentConflict, message).exit();
+        }
+        if given.is_some_and(|url| secrets::has_password(&url)) {
+            with_password.push(source);
+        }
+    }
+    if let Some(warning) = secrets::warning(&with_password) {
+        stderr::line(&warning);
+    }
+}
+
+/// The value of the option `id` when the command line gave it, at the top
+/// level or in the subcommand run (a global option may be given in both).
+fn on_command_line(matches: &ArgMatches, id: &str) -> Option<String> {
+    let levels = std::iter::once(matches).chain(matches.subcommand().map(|(_, sub)| sub));
+    for level in levels {
+        // A subcommand without the option: asking its source would panic.
+        let Ok(given) = level.try_get_one::<String>(id) else {
+            continue;
+        };
+        if level.value_source(id) == Some(ValueSource::CommandLine) {
+            return given.cloned();
+        }
+    }
+    None
 }
 
 /// `arg` as clap should see it: without its variable when that is empty,

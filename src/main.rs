@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use outbox_poll::cli::{Cli, Command};
-use outbox_poll::commands::{generate, migrate, prune, requeue, status};
+use outbox_poll::commands::{generate, migrate, prune, requeue, status, wait};
 use outbox_poll::config::{Database, Relay};
 use outbox_poll::connect::libpq::process_env;
 use outbox_poll::exit::{self, Exit};
@@ -46,6 +46,7 @@ fn run(cli: &Cli) -> Result<Exit> {
         Some(Command::Status(args)) => status::run(&database?, cli.json, args),
         Some(Command::Requeue(args)) => requeue::run(&database?, cli.json, args),
         Some(Command::Prune(args)) => prune::run(&database?, cli.json, args),
+        Some(Command::Wait(args)) => wait::run(&database?, cli.json, args),
         Some(Command::Completions { shell }) => generate::completions(*shell),
         Some(Command::Man) => generate::man(),
     }

@@ -152,10 +152,122 @@ fn a_boolean_variable_set_to_false_is_an_option_not_given() {
 
 #[test]
 fn a_subcommand_reads_no_variable_of_the_poll_run() {
-    let fx = Fixture::new("env_subcommand");
+    let fx = Fixture::new("env_subcommand_poll_vars");
     let run = fx.run_with(&[("OUTBOX_BATCH_SIZE", "abc")], &["status"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     // A global option's variable is read by every command.
     let run = fx.run_with(&[("OUTBOX_MAX_ATTEMPTS", "abc")], &["status"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
+}
+
+/// A file holding `text`, in a scratch directory removed with it.
+fn secret_file(label: &str, text: &str) -> (crate::common::scratch::Scratch, String) {
+    let dir = crate::common::scratch::Scratch::new(label);
+    let path = dir.path().join("url");
+    std::fs::write(&path, text).unwrap();
+    (dir, path.to_str().unwrap().to_owned())
+}
+
+#[test]
+fn the_urls_are_read_from_their_files_trailing_newline_ignored() {
+    let mut fx = Fixture::new("env_url_files");
+    fx.insert("e", 2);
+    let (_db, database) = secret_file("env_url_files_db", &format!("{}\n", fx.database_url));
+    let amqp_url = crate::common::amqp_url();
+    let (_amqp, amqp) = secret_file("env_url_files_amqp", &format!("{amqp_url}\r\n"));
+    let mut command = fx.command();
+    command
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .env("DATABASE_URL_FILE", &database)
+        .env("AMQP_URL_FILE", &amqp);
+    let run = Run::from(command.arg("--json").output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.field("published"), 2);
+    assert_eq!(run.stderr, "");
+}
+
+#[test]
+fn an_unreadable_url_file_exits_78_naming_the_file() {
+    let mut fx = Fixture::new("env_url_file_unreadable");
+    fx.insert("e", 1);
+    // A directory cannot be read as a file, whoever runs the test.
+    let dir = crate::common::scratch::Scratch::new("env_url_file_unreadable");
+    let path = dir.path().to_str().unwrap();
+    for variable in ["DATABASE_URL_FILE", "AMQP_URL_FILE"] {
+        let mut command = fx.command();
+        command.env_remove(variable.trim_end_matches("_FILE"));
+        let run = Run::from(command.env(variable, path).output().unwrap());
+        assert_eq!(run.code, 78, "{}", run.stderr);
+        assert!(
+            run.stderr.starts_with(&format!(
+                "outbox-poll: error: cannot read {variable} {path}: "
+            )),
+            "{}",
+            run.stderr
+        );
+        crate::common::assert_one_clear_line(&run);
+    }
+    assert_eq!(fx.published_count(), 0);
+}
+
+#[test]
+fn a_url_file_that_does_not_parse_never_shows_its_content() {
+    let fx = Fixture::new("env_url_file_bad");
+    let (_dir, path) = secret_file("env_url_file_bad", "amqp://relay:s3cr3t@[bad\n");
+    let mut command = fx.command();
+    command.env_remove("AMQP_URL").env("AMQP_URL_FILE", &path);
+    let run = Run::from(command.output().unwrap());
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert!(!run.stderr.contains("s3cr3t"), "{}", run.stderr);
+}
+
+#[test]
+fn a_url_given_twice_with_its_file_is_a_usage_error() {
+    let mut fx = Fixture::new("env_url_file_twice");
+    let (_dir, path) = secret_file("env_url_file_twice", "postgresql://x@127.0.0.1/test\n");
+    // The variable (the harness sets DATABASE_URL) and its file.
+    let run = fx.run_with(&[("DATABASE_URL_FILE", &path)], &[]);
+    assert_usage_error(
+        &mut fx,
+        &run,
+        "DATABASE_URL and DATABASE_URL_FILE are both set: unset one of them",
+    );
+    // The flag and the file.
+    let mut command = fx.command();
+    command
+        .env_remove("AMQP_URL")
+        .env("AMQP_URL_FILE", &path)
+        .args(["--amqp-url", &crate::common::amqp_url()]);
+    let run = Run::from(command.output().unwrap());
+    assert_usage_error(
+        &mut fx,
+        &run,
+        "--amqp-url and AMQP_URL_FILE both give the URL: drop one of them",
+    );
+}
+
+#[test]
+fn a_password_on_the_command_line_warns_once_without_showing_it() {
+    let mut fx = Fixture::new("env_url_password_flag");
+    fx.insert("e", 1);
+    // Trust authentication takes any password; the AMQP one is real.
+    let database = fx
+        .database_url
+        .replacen("postgres@", "postgres:pg-s3cr3t@", 1);
+    assert_ne!(database, fx.database_url, "the test's URL names its user");
+    let amqp = crate::common::amqp_url();
+    assert!(amqp.contains(":guest@"), "{amqp}");
+    let run = fx.run(&["--database-url", &database, "--amqp-url", &amqp, "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.stderr,
+        "outbox-poll: warning: a password given with --database-url and --amqp-url is \
+         visible to every local user in the process list: give the URL in \
+         DATABASE_URL_FILE and AMQP_URL_FILE (or the environment) instead\n"
+    );
+    assert_eq!(run.field("published"), 1);
+    // In the environment, a password is no one else's to read: no warning.
+    let run = fx.run_with(&[("DATABASE_URL", &database)], &["status"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
 }

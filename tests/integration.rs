@@ -36,3 +36,4 @@ mod progress;
 mod readme;
 mod refusals;
 mod soak;
+mod wait;

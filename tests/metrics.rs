@@ -176,12 +176,83 @@ fn unwritable_metrics_file_exits_78_after_publishing() {
     fx.insert("e", 2);
     let run = fx.run(&["--metrics-file", "/nonexistent-dir/outbox.prom", "--json"]);
     assert_eq!(run.code, 78, "{}", run.stderr);
-    assert_eq!(
-        run.stderr,
-        "outbox-poll: error: cannot write the metrics file /nonexistent-dir/outbox.prom: \
-         check that its directory exists and is writable: No such file or directory (os error 2)\n"
+    // The cause names the temporary it could not create beside the file.
+    assert!(
+        run.stderr.starts_with(
+            "outbox-poll: error: cannot write the metrics file /nonexistent-dir/outbox.prom: \
+             check that its directory exists and is writable: No such file or directory (os error 2) \
+             at path \"/nonexistent-dir/.outbox.prom."
+        ),
+        "{}",
+        run.stderr
     );
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
     assert_eq!(run.field("published"), 2, "the events were still published");
     assert_eq!(run.field("exit_code"), 78);
     assert_eq!(fx.published_count(), 2);
+}
+
+#[test]
+fn concurrent_runs_sharing_one_metrics_file_all_succeed_and_it_is_always_whole() {
+    let fx = Fixture::new("metrics_concurrent");
+    let dir = Dir::new("metrics_concurrent");
+    let path = dir.file();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        // A reader like node_exporter's: every complete read is a whole file.
+        let reader = scope.spawn(|| {
+            let mut reads = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(text) = std::fs::read_to_string(&path) {
+                    assert_eq!(gauges(&text, &fx.table).len(), 16, "{text}");
+                    reads += 1;
+                }
+            }
+            reads
+        });
+        let mut failures = Vec::new();
+        for _ in 0..4 {
+            let runs: Vec<_> = (0..8)
+                .map(|_| {
+                    fx.command()
+                        .args(["--metrics-file", path.to_str().unwrap()])
+                        .stderr(std::process::Stdio::piped())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect();
+            for run in runs {
+                let output = run.wait_with_output().unwrap();
+                if output.status.code() != Some(0) {
+                    failures.push(String::from_utf8_lossy(&output.stderr).into_owned());
+                }
+            }
+        }
+        // Stop the reader before asserting, so a failure cannot leave it running.
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(reader.join().unwrap() > 0, "the file was read");
+        assert_eq!(failures, Vec::<String>::new(), "every run exits 0");
+    });
+    assert_eq!(dir.names(), ["outbox.prom"], "no temporary file is left");
+}
+
+#[test]
+fn metrics_file_has_the_oldest_due_age_and_the_held_back_keys() {
+    let mut fx = Fixture::new("metrics_due_keys");
+    let dir = Dir::new("metrics_due_keys");
+    fx.insert("e", 3);
+    fx.execute(
+        "UPDATE {table} SET created_at = now() - interval '1 hour',
+                available_at = now() + interval '1 hour', attempts = 1, ordering_key = 'k'
+           WHERE event_id IN ('e-1', 'e-2');
+         UPDATE {table} SET attempts = 0 WHERE event_id = 'e-2';",
+    );
+    let path = dir.file();
+    let run = fx.run(&["--metrics-file", path.to_str().unwrap()]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let values = gauges(&std::fs::read_to_string(&path).unwrap(), &fx.table);
+    // e-1, an hour old, backs off and holds e-2 back; e-3 went: none is due.
+    assert_eq!(values["held_back_keys"], 1.0);
+    assert_eq!(values["oldest_due_age_seconds"], 0.0);
+    assert!(values["oldest_pending_age_seconds"] >= 3600.0, "{values:?}");
 }

@@ -33,6 +33,7 @@ fn written_metrics() -> BTreeSet<String> {
     let backlog = Backlog {
         figures: Figures::default(),
         dead_tuple_ratio: Some(0.0),
+        held_back_keys: Some(0),
     };
     metrics::render("app.outbox", &run, Some(&backlog))
         .lines()

@@ -1,7 +1,7 @@
 //! The operators' commands against the real database: status, requeue,
 //! prune and poll's --dry-run, with exact figures and exit codes.
 
-use crate::common::Fixture;
+use crate::common::{Fixture, row};
 use serde_json::json;
 
 /// Ten events in known states (ids e-1 .. e-10):
@@ -34,21 +34,34 @@ fn status_json(fx: &Fixture, args: &[&str]) -> serde_json::Value {
 }
 
 /// After the contract's five fields come `expired` (no event of these
-/// tests expires: 0, checked and taken out), `ordered_held_back_s` and
-/// `dead_tuple_ratio`; the last two are taken out here, as their values depend on
+/// tests expires: 0, checked and taken out), `ordered_held_back_s`,
+/// `dead_tuple_ratio`, `oldest_due_age_s`, `held_back_keys` and
+/// `keys_held_back`, taken out here; `ordered_held_back_s` and
+/// `dead_tuple_ratio`, as their values depend on
 /// what the rest of the database does: every open transaction of it,
 /// which other tests share (tests/commit_order.rs checks the first in a
 /// database of its own), and when the server last counted the table's
 /// rows (status_reports_the_dead_tuple_ratio checks the second).
 fn without_what_other_tests_move(mut status: serde_json::Value) -> serde_json::Value {
     let object = status.as_object_mut().unwrap();
-    let beyond: Vec<&str> = object.keys().skip(5).take(3).map(String::as_str).collect();
+    let beyond: Vec<&str> = object.keys().skip(5).take(6).map(String::as_str).collect();
     assert_eq!(
         beyond,
-        ["expired", "ordered_held_back_s", "dead_tuple_ratio"],
+        [
+            "expired",
+            "ordered_held_back_s",
+            "dead_tuple_ratio",
+            "oldest_due_age_s",
+            "held_back_keys",
+            "keys_held_back"
+        ],
         "{object:?}"
     );
     assert_eq!(object.remove("expired"), Some(json!(0)));
+    // Checked by the tests of --max-age and of held-back keys.
+    object.remove("oldest_due_age_s");
+    object.remove("held_back_keys");
+    object.remove("keys_held_back");
     object.remove("ordered_held_back_s");
     let ratio = object.remove("dead_tuple_ratio");
     assert!(
@@ -90,7 +103,8 @@ fn status_json_of_an_empty_table_has_a_null_age() {
     assert_eq!(
         run.stdout,
         "{\"pending\":0,\"due\":0,\"retrying\":0,\"dead\":0,\"oldest_pending_age_s\":null,\
-         \"expired\":0,\"ordered_held_back_s\":null,\"dead_tuple_ratio\":null}\n"
+         \"expired\":0,\"ordered_held_back_s\":null,\"dead_tuple_ratio\":null,\"oldest_due_age_s\":null,\
+         \"held_back_keys\":0,\"keys_held_back\":[]}\n"
     );
 }
 
@@ -156,9 +170,11 @@ fn status_text_is_an_aligned_table() {
         ]
     );
     assert!(lines[6].starts_with("oldest pending  1h"), "{}", run.stdout);
-    assert!(lines[7].starts_with("held back       "), "{}", run.stdout);
-    assert!(lines[8].starts_with("dead tuples     "), "{}", run.stdout);
-    assert_eq!(lines.len(), 9, "{}", run.stdout);
+    assert!(lines[7].starts_with("oldest due      1h"), "{}", run.stdout);
+    assert!(lines[8].starts_with("held back       "), "{}", run.stdout);
+    assert_eq!(lines[9], "held-back keys  0", "{}", run.stdout);
+    assert!(lines[10].starts_with("dead tuples     "), "{}", run.stdout);
+    assert_eq!(lines.len(), 11, "{}", run.stdout);
 }
 
 #[test]
@@ -190,7 +206,7 @@ fn status_by_type_counts_each_event_type() {
 
     let run = fx.run(&["status", "--by-type"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let tail: Vec<&str> = run.stdout.lines().skip(10).collect();
+    let tail: Vec<&str> = run.stdout.lines().skip(12).collect();
     assert_eq!(
         tail,
         [
@@ -248,6 +264,113 @@ fn status_fail_if_oldest_over_exits_1_past_the_threshold() {
         run.stderr
     );
     assert_eq!(run.stderr.lines().count(), 1);
+}
+
+#[test]
+fn status_max_age_exits_1_when_the_oldest_due_event_is_older() {
+    let mut fx = Fixture::new("status_max_age");
+    known_states(&mut fx); // oldest due: e-7, one hour
+    let run = fx.run(&["status", "--max-age", "2h"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    let run = fx.run(&["status", "--max-age", "30m"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .starts_with("outbox-poll: the oldest due event is 1h"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("over --max-age 30m"), "{}", run.stderr);
+    assert_eq!(run.stderr.lines().count(), 1);
+    // An old event backing off is not due: not late yet.
+    fx.execute(
+        "UPDATE {table} SET available_at = now() + interval '1 hour' WHERE event_id = 'e-7'",
+    );
+    let run = fx.run(&["status", "--max-age", "30m", "--json"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    assert!(run.summary()["oldest_due_age_s"].as_i64().unwrap() < 1800);
+}
+
+#[test]
+fn status_counts_the_keys_held_back_by_a_failed_head() {
+    let mut fx = Fixture::new("status_held_keys");
+    fx.insert("e", 6);
+    // k1: a failed head and one behind it; k2: a dead head (it blocks
+    // nothing); k3: nothing failed.
+    fx.execute(
+        "UPDATE {table} SET ordering_key = 'k1' WHERE event_id IN ('e-1', 'e-2');
+         UPDATE {table} SET ordering_key = 'k2' WHERE event_id IN ('e-3', 'e-4');
+         UPDATE {table} SET ordering_key = 'k3' WHERE event_id IN ('e-5', 'e-6');
+         UPDATE {table} SET attempts = 1, last_error = 'returned',
+                available_at = now() + interval '1 hour' WHERE event_id = 'e-1';
+         UPDATE {table} SET attempts = 10, last_error = 'returned' WHERE event_id = 'e-3';
+         UPDATE {table} SET attempts = 1, last_error = 'returned' WHERE event_id = 'e-6';",
+    );
+    let run = fx.run(&["status", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.summary()["held_back_keys"], json!(1));
+    let run = fx.run(&["status"]);
+    assert!(
+        run.stdout.contains("\nheld-back keys  1\n"),
+        "{}",
+        run.stdout
+    );
+}
+
+/// Key k1 with a failed head (e-1) and one event behind it, key k2 clear.
+fn a_key_held_back(fx: &mut Fixture) {
+    fx.insert("e", 3);
+    fx.execute(
+        "UPDATE {table} SET ordering_key = 'k1' WHERE event_id IN ('e-1', 'e-2');
+         UPDATE {table} SET ordering_key = 'k2' WHERE event_id = 'e-3';
+         UPDATE {table} SET attempts = 2, last_error = 'returned: NO_ROUTE',
+                created_at = '2026-01-02T03:04:05Z',
+                available_at = now() + interval '1 hour' WHERE event_id = 'e-1';",
+    );
+}
+
+#[test]
+fn status_lists_each_key_held_back_with_its_waiting_events_and_the_heads_error() {
+    let mut fx = Fixture::new("status_held_list");
+    a_key_held_back(&mut fx);
+    let run = fx.run(&["status", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.summary()["keys_held_back"],
+        json!([{"key": "k1", "waiting": 2, "since": "2026-01-02T03:04:05+00:00",
+                "last_error": "returned: NO_ROUTE"}])
+    );
+    let run = fx.run(&["status"]);
+    assert!(
+        run.stdout.contains(
+            "\nheld-back keys  1\n  key \"k1\": 2 events waiting since \
+             2026-01-02T03:04:05+00:00, the head's last error: returned: NO_ROUTE\n"
+        ),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn requeue_key_makes_the_failed_head_eligible_again() {
+    let mut fx = Fixture::new("requeue_key");
+    a_key_held_back(&mut fx);
+    let run = fx.run(&["requeue", "--key", "k1", "k2", "--json"]);
+    assert_eq!(run.code, 1, "k2 had no failed head: {}", run.stderr);
+    assert_eq!(
+        run.summary(),
+        json!({"requeued": 1, "unknown": [], "already_published": [], "keys_not_held": ["k2"]})
+    );
+    assert_eq!(
+        run.stderr,
+        "outbox-poll: ordering key \"k2\" has no failed event at its head; left as it is\n"
+    );
+    assert_eq!(row(&fx.rows(), "e-1").attempts, 0);
+    let run = fx.run(&["--ordered-by-key", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.field("published"), 2, "both heads went");
+    let run = fx.run(&["status", "--json"]);
+    assert_eq!(run.summary()["keys_held_back"], json!([]));
 }
 
 #[test]

@@ -352,6 +352,34 @@ fn every_command_line_the_deploy_files_run_is_one_the_binary_accepts() {
     }
 }
 
+#[test]
+fn no_deploy_file_gives_a_url_on_the_command_line() {
+    for path in [
+        "crontab.example",
+        "Dockerfile",
+        "deploy/kubernetes/cronjob.yaml",
+        "deploy/systemd/outbox-poll.service",
+        "deploy/systemd/outbox-poll-follow.service",
+    ] {
+        let text = read(path);
+        for flag in ["--database-url", "--amqp-url"] {
+            assert!(
+                !text.contains(flag),
+                "{path} gives {flag}: use the file or the environment"
+            );
+        }
+    }
+    let (cronjob, _) = cronjob();
+    let env = container(&cronjob)["env"]
+        .as_vec()
+        .expect("the CronJob's env");
+    let names: Vec<&str> = env
+        .iter()
+        .map(|var| var["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["DATABASE_URL_FILE", "AMQP_URL_FILE"]);
+}
+
 // The example environment file.
 
 #[test]
@@ -372,8 +400,10 @@ fn the_example_environment_file_names_only_variables_outbox_poll_reads() {
     assert!(names.contains(&"DATABASE_URL") && names.contains(&"AMQP_URL"));
     for name in names {
         // PG* variables are libpq's, read by the PostgreSQL connection.
+        // A URL's _FILE variable is named in its option's help.
+        let file_variable = name.ends_with("_FILE") && help.contains(name);
         assert!(
-            name.starts_with("PG") || help.contains(&format!("[env: {name}")),
+            name.starts_with("PG") || file_variable || help.contains(&format!("[env: {name}")),
             "{name} is not a variable of outbox-poll --help"
         );
     }
@@ -427,24 +457,36 @@ fn a_failed_cronjob_run_is_not_retried_and_every_run_has_a_deadline() {
 }
 
 #[test]
-fn the_cronjob_takes_both_urls_from_a_secret() {
+fn the_cronjob_reads_both_urls_from_a_mounted_secret() {
     let (cronjob, _) = cronjob();
-    let env = container(&cronjob)["env"].as_vec().expect("env");
-    for name in ["DATABASE_URL", "AMQP_URL"] {
+    let container = container(&cronjob);
+    let env = container["env"].as_vec().expect("env");
+    let mount = container["volumeMounts"].as_vec().expect("volumeMounts");
+    let volumes = pod(&cronjob)["volumes"].as_vec().expect("volumes");
+    for name in ["DATABASE_URL_FILE", "AMQP_URL_FILE"] {
         let variable = env
             .iter()
             .find(|variable| variable["name"].as_str() == Some(name))
             .unwrap_or_else(|| panic!("no {name}"));
+        let path = variable["value"].as_str().expect("a path");
+        let mounted = mount
+            .iter()
+            .find(|mount| path.starts_with(mount["mountPath"].as_str().unwrap()))
+            .unwrap_or_else(|| panic!("{name}: {path} is on no volume"));
+        let volume = volumes
+            .iter()
+            .find(|volume| volume["name"] == mounted["name"])
+            .expect("the mount's volume");
         assert!(
-            variable["value"].is_badvalue(),
-            "{name} has a literal value"
-        );
-        let secret = &variable["valueFrom"]["secretKeyRef"];
-        assert!(
-            secret["name"].as_str().is_some() && secret["key"].as_str().is_some(),
+            volume["secret"]["secretName"].as_str().is_some(),
             "{name} is not from a Secret"
         );
     }
+    // The pod's user reads the Secret's files through its group.
+    assert_eq!(
+        pod(&cronjob)["securityContext"]["fsGroup"],
+        pod(&cronjob)["securityContext"]["runAsGroup"]
+    );
 }
 
 #[test]

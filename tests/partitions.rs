@@ -3,7 +3,9 @@
 //! marks find their rows in whichever partition, and prune drops whole
 //! partitions whose events were all published before the cut-off.
 
-use crate::common::{Fixture, row};
+use std::time::Duration;
+
+use crate::common::{Fixture, Run, row, wait_until};
 use serde_json::json;
 
 /// Inserts an event created at `created` (an SQL timestamptz expression).
@@ -228,32 +230,125 @@ fn prune_dry_run_names_the_partitions_it_would_drop_and_changes_nothing() {
     assert_eq!(fx.rows().len(), 10);
 }
 
-#[test]
-fn prune_keeps_a_partition_it_cannot_lock_and_deletes_its_events_instead() {
-    let mut fx = Fixture::partitioned("parts_prune_busy");
-    aged_partitions(&mut fx);
-    let oldest = partition_of(&mut fx, -11);
-    // A long report on the table: DETACH cannot have its lock.
-    let mut report = crate::common::connect_db();
+/// Whether a session other than the harness's has sent a DETACH
+/// PARTITION on `fx`'s table (prune's, waiting or retrying).
+fn prune_detaching(fx: &mut Fixture) -> bool {
     let sql = format!(
-        "BEGIN; LOCK TABLE {} IN ACCESS SHARE MODE",
-        fx.quoted_table()
+        "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+           AND query LIKE '%ALTER TABLE %{}% DETACH PARTITION %')",
+        fx.schema
     );
-    report.batch_execute(&sql).unwrap();
-    let run = fx.run(&["prune", "--older-than", "7d", "--json"]);
-    report.batch_execute("COMMIT").unwrap();
+    fx.db.query_one(&sql, &[]).unwrap().get(0)
+}
+
+/// A producer's INSERTs while prune waits: none may queue behind prune for
+/// long. The bound is a lock_timeout (time spent waiting for a lock, not a
+/// measure of speed): the defect made producers wait a second at a time.
+fn produce_while_prune_waits(fx: &mut Fixture) {
+    let mut producer = fx.connect();
+    producer
+        .batch_execute("SET lock_timeout = '500ms'")
+        .unwrap();
+    for n in 0..10 {
+        let sql = format!(
+            "INSERT INTO {} (event_id, event_type, payload) VALUES ('p-{n}', 'order.created', '{{}}')",
+            fx.quoted_table()
+        );
+        producer
+            .batch_execute(&sql)
+            .unwrap_or_else(|error| panic!("a producer waited behind prune: {error:?}"));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Prune beside a drain's open batch (a transaction holding a row lock on
+/// the table): producers go on, and once the batch ends the old partition
+/// is dropped within the same prune.
+fn prune_beside_a_drain_drops_without_stalling_producers(fx: &mut Fixture) {
+    aged_partitions(fx);
+    let oldest = partition_of(fx, -11);
+    let batch = fx.hold_row("f-1");
+    let prune = fx
+        .command()
+        .args(["prune", "--older-than", "7d", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let detaching = wait_until(Duration::from_secs(30), || prune_detaching(fx));
+    produce_while_prune_waits(fx);
+    batch.release();
+    let run = Run::from(prune.wait_with_output().unwrap());
+    assert!(detaching, "prune never detached: {}", run.stderr);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(
         run.summary(),
-        json!({"published": 6, "dead": null, "dry_run": false, "partitions_dropped": []})
+        json!({"published": 6, "dead": null, "dry_run": false,
+               "partitions_dropped": [format!("{}.{oldest}", fx.schema)]})
     );
-    assert!(
-        run.stderr
-            .contains(&format!("partition {}.{oldest} of table", fx.schema)),
-        "{}",
-        run.stderr
+    assert!(!partitions(fx).contains(&oldest));
+    assert_eq!(
+        fx.rows().len(),
+        4 + 10,
+        "the producers' events are all there"
     );
-    assert!(partitions(&mut fx).contains(&oldest));
+}
+
+#[test]
+fn prune_detaches_concurrently_beside_a_drain_producers_go_on_and_the_partition_goes() {
+    let mut fx = Fixture::partitioned("parts_prune_drain");
+    prune_beside_a_drain_drops_without_stalling_producers(&mut fx);
+}
+
+#[test]
+fn prune_beside_a_default_partition_locks_briefly_and_retries_until_the_drain_lets_go() {
+    let mut fx = Fixture::partitioned("parts_prune_default");
+    // A DEFAULT partition rules out DETACH ... CONCURRENTLY.
+    fx.execute(&format!(
+        "CREATE TABLE \"{}\".outbox_default PARTITION OF {{table}} DEFAULT",
+        fx.schema
+    ));
+    prune_beside_a_drain_drops_without_stalling_producers(&mut fx);
+}
+
+#[test]
+fn prune_finishes_a_detach_an_interrupted_run_left_pending_and_drops_the_partition() {
+    let mut fx = Fixture::partitioned("parts_prune_pending");
+    aged_partitions(&mut fx);
+    let oldest = partition_of(&mut fx, -11);
+    // A detach interrupted while it waited for an open batch stays pending.
+    let batch = fx.hold_row("f-1");
+    let mut interrupted = fx.connect();
+    interrupted
+        .batch_execute("SET statement_timeout = '1s'")
+        .unwrap();
+    let sql = format!(
+        "ALTER TABLE {} DETACH PARTITION \"{}\".{oldest} CONCURRENTLY",
+        fx.quoted_table(),
+        fx.schema
+    );
+    assert!(interrupted.batch_execute(&sql).is_err());
+    // The interrupted run's session ends (its session lock goes with it).
+    drop(interrupted);
+    batch.release();
+    let pending = format!(
+        "SELECT count(*) FROM pg_inherits WHERE inhdetachpending AND inhparent = '{}'::regclass",
+        fx.quoted_table()
+    );
+    assert_eq!(fx.db.query_one(&pending, &[]).unwrap().get::<_, i64>(0), 1);
+    let run = fx.run(&["prune", "--older-than", "7d", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        run.summary(),
+        json!({"published": 6, "dead": null, "dry_run": false,
+               "partitions_dropped": [format!("{}.{oldest}", fx.schema)]})
+    );
+    assert_eq!(fx.db.query_one(&pending, &[]).unwrap().get::<_, i64>(0), 0);
+    let exists = format!(
+        "SELECT to_regclass('\"{}\".{oldest}') IS NOT NULL",
+        fx.schema
+    );
+    assert!(!fx.db.query_one(&exists, &[]).unwrap().get::<_, bool>(0));
     assert_eq!(event_ids(&mut fx), ["b-2", "c-2", "d-1", "f-1"]);
 }
 

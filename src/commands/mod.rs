@@ -1,4 +1,4 @@
-//! The subcommands: `status`, `requeue`, `prune`, `migrate`, and the
+//! The subcommands: `status`, `requeue`, `prune`, `migrate`, `wait`, and the
 //! generated `completions` and `man`. Each needs PostgreSQL only (or
 //! nothing), never the broker.
 
@@ -13,6 +13,7 @@ pub mod migrate;
 pub mod prune;
 pub mod requeue;
 pub mod status;
+pub mod wait;
 
 /// A subcommand's session: bounded by --connect-timeout, idle at most the
 /// command's limit. A subcommand installs no signal handler: a signal ends

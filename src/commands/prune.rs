@@ -7,8 +7,10 @@
 //! On a table partitioned by range on created_at, published rows go first
 //! by whole partitions: each partition whose range ends before the cut-off
 //! and whose rows were all published before it is detached and dropped
-//! (see `sql::partitions`), which takes milliseconds and returns its space
-//! at once; the rows left are then deleted batch by batch.
+//! (see `sql::partitions`), which returns its space at once; the rows left
+//! are then deleted batch by batch. The detach never makes the producers
+//! wait: concurrent where PostgreSQL allows it, else under a lock taken
+//! for at most 50 ms at a time.
 //!
 //! `--json` prints `{"published": N, "dead": N or null, "dry_run": bool,
 //! "partitions_dropped": [NAME, ...]}`: the rows deleted (or, with
@@ -34,6 +36,7 @@ use crate::report::totals::Totals;
 use crate::report::{plural, stdout};
 use crate::sql::partitions::{self, Dropped, Refusal};
 use crate::sql::prune::{self, Kind};
+use crate::sql::table::TableName;
 
 /// How long one batch may take. The server's usual 30 s bound is for the
 /// relay's statements by primary key; the last batch of a prune may have to scan
@@ -90,11 +93,23 @@ struct DroppedPartitions {
     rows: i64,
 }
 
-/// Drops every partition prune may drop, one transaction each; nothing on
-/// a table that is not partitioned by created_at, or under a role that
-/// does not own it. A partition the table's traffic kept locked past a
-/// short wait, or where an unpublished event turned up, is kept: its
-/// published rows go row by row with the rest.
+/// How long prune keeps retrying a partition it must detach under the
+/// table's lock (a DEFAULT partition, or PostgreSQL before 14), each try
+/// waiting at most 50 ms (sql::partitions::DETACH_LOCK_TIMEOUT), before it
+/// keeps the partition and deletes its rows instead.
+const LOCKED_DETACH_RETRIES: Duration = Duration::from_secs(60);
+/// The pause between two such tries: producers get the table between them.
+const LOCKED_DETACH_PAUSE: Duration = Duration::from_millis(200);
+
+/// Drops every partition prune may drop; nothing on a table that is not
+/// partitioned by created_at, or under a role that does not own it. First
+/// finishes any detach an interrupted prune left pending. A partition is
+/// detached concurrently where PostgreSQL allows it (waiting, without
+/// blocking anyone, for the transactions that still see it), otherwise
+/// under the table's lock taken for at most 50 ms at a time, retried. A
+/// partition where an unpublished event turned up is kept; so is one the
+/// table's traffic kept locked through every retry: its published rows go
+/// row by row with the rest.
 fn drop_partitions(
     client: &mut Client,
     database: &Database,
@@ -116,6 +131,10 @@ fn drop_partitions(
         }
     };
     let mut dropped = DroppedPartitions::default();
+    if !args.dry_run {
+        finish_pending_detaches(client, table, age, watchdog, &mut dropped)?;
+    }
+    let concurrently = partitions::concurrent_detach(client, table)?;
     for partition in candidates {
         watchdog.arm(BATCH_BUDGET, "reading a partition", Totals::default());
         let Some(rows) = partitions::droppable_rows(client, table, &partition, age)? else {
@@ -123,8 +142,17 @@ fn drop_partitions(
         };
         if !args.dry_run {
             watchdog.arm(BATCH_BUDGET, "dropping a partition", Totals::default());
-            match partitions::detach_and_drop(client, table, &partition)? {
-                Dropped::Dropped => log::info!("dropped partition {partition} ({rows} rows)"),
+            let outcome = if concurrently {
+                let bound = partitions::bound(client, table, &partition)?;
+                match partitions::detach_concurrently(client, table, &partition)? {
+                    true => partitions::drop_detached(client, table, &partition, &bound, age)?,
+                    false => Dropped::Busy,
+                }
+            } else {
+                detach_locked(client, table, &partition, rows)?
+            };
+            match outcome {
+                Dropped::Dropped(rows) => log::info!("dropped partition {partition} ({rows} rows)"),
                 Dropped::Kept => {
                     log::warn!("partition {partition} received an unpublished event: kept");
                     continue;
@@ -132,7 +160,9 @@ fn drop_partitions(
                 Dropped::Busy => {
                     log::warn!(
                         "partition {partition} of table {table} is kept for now: the table \
-                         stayed locked by other transactions; its rows are pruned row by row"
+                         stayed locked by other transactions (a concurrent detach is left \
+                         pending, for the next prune to finish); its other rows are pruned \
+                         row by row"
                     );
                     continue;
                 }
@@ -142,6 +172,67 @@ fn drop_partitions(
         dropped.rows += rows;
     }
     Ok(dropped)
+}
+
+/// A concurrent detach a signal or a lost connection interrupted leaves
+/// the partition detaching, unseen by the table's queries: FINALIZE it,
+/// then drop it if prune may (its range is old and its rows published
+/// before the cut-off), otherwise attach it again so none of its events
+/// leaves the outbox.
+fn finish_pending_detaches(
+    client: &mut Client,
+    table: &TableName,
+    age: Duration,
+    watchdog: &Watchdog,
+    dropped: &mut DroppedPartitions,
+) -> Result<()> {
+    for (partition, old) in partitions::pending_detaches(client, table, age)? {
+        watchdog.arm(BATCH_BUDGET, "finishing a detach", Totals::default());
+        let bound = partitions::bound(client, table, &partition)?;
+        if !partitions::finalize(client, table, &partition)? {
+            log::warn!(
+                "partition {partition} of table {table} is still detaching: transactions that \
+                 see it stayed open; the next prune finishes it"
+            );
+            continue;
+        }
+        log::info!("finished the pending detach of partition {partition}");
+        let outcome = match old {
+            true => partitions::drop_detached(client, table, &partition, &bound, age)?,
+            false => {
+                partitions::attach(client, table, &partition, &bound)?;
+                Dropped::Kept
+            }
+        };
+        match outcome {
+            Dropped::Dropped(rows) => {
+                log::info!("dropped partition {partition} ({rows} rows)");
+                dropped.names.push(partition.to_string());
+                dropped.rows += rows;
+            }
+            _ => log::warn!("partition {partition} holds events prune keeps: attached again"),
+        }
+    }
+    Ok(())
+}
+
+/// Detach under the table's lock, retried for LOCKED_DETACH_RETRIES while
+/// the table stays busy.
+fn detach_locked(
+    client: &mut Client,
+    table: &TableName,
+    partition: &TableName,
+    rows: i64,
+) -> Result<Dropped> {
+    let deadline = std::time::Instant::now() + LOCKED_DETACH_RETRIES;
+    loop {
+        let outcome = partitions::detach_and_drop(client, table, partition, rows)?;
+        if outcome != Dropped::Busy || std::time::Instant::now() >= deadline {
+            return Ok(outcome);
+        }
+        log::debug!("partition {partition}: the table is busy, trying again");
+        std::thread::sleep(LOCKED_DETACH_PAUSE);
+    }
 }
 
 /// One line per kind of row and one for the partitions dropped, or the

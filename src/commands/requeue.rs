@@ -5,6 +5,8 @@
 //! Only unpublished events are touched: requeueing never re-sends an event
 //! the broker already confirmed. Named ids that are unknown or already
 //! published are reported on stderr, one line each, and make the exit code 1.
+//! `--key KEY` requeues the failed head of each key (`status` lists them);
+//! a key without one is reported the same way.
 
 use std::collections::BTreeSet;
 
@@ -15,6 +17,7 @@ use crate::config::Database;
 use crate::exit::Exit;
 use crate::guard::watchdog::Watchdog;
 use crate::report::{plural, stderr, stdout};
+use crate::sql::columns;
 use crate::sql::requeue::{self, Named};
 
 /// What a requeue did.
@@ -23,6 +26,9 @@ struct Report {
     requeued: u64,
     unknown: Vec<String>,
     already_published: Vec<String>,
+    /// With --key: the named keys whose head has not failed (or that have
+    /// no event left). None otherwise.
+    not_held: Option<Vec<String>>,
 }
 
 pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<Exit> {
@@ -33,6 +39,19 @@ pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<Exit> 
     let report = if args.dead {
         Report {
             requeued: requeue::dead(&mut client, table, database.max_attempts)?,
+            ..Report::default()
+        }
+    } else if !args.key.is_empty() {
+        let keys: BTreeSet<&str> = args.key.iter().map(String::as_str).collect();
+        let keys: Vec<&str> = keys.into_iter().collect();
+        let by_xid = columns::of_table(&mut client, table, "requeueing")?
+            .columns
+            .producer_xid;
+        let (requeued, not_held) =
+            requeue::by_key(&mut client, table, &keys, database.max_attempts, by_xid)?;
+        Report {
+            requeued,
+            not_held: Some(not_held),
             ..Report::default()
         }
     } else {
@@ -50,7 +69,10 @@ pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<Exit> 
     };
     tell(&report, json)?;
     Ok(
-        match report.unknown.is_empty() && report.already_published.is_empty() {
+        match report.unknown.is_empty()
+            && report.already_published.is_empty()
+            && report.not_held.as_ref().is_none_or(Vec::is_empty)
+        {
             true => Exit::Success,
             false => Exit::EventsFailed,
         },
@@ -67,13 +89,21 @@ fn tell(report: &Report, json: bool) -> Result<()> {
             "outbox-poll: event id {id} is already published; left as it is"
         ));
     }
+    for key in report.not_held.iter().flatten() {
+        stderr::line(&format!(
+            "outbox-poll: ordering key {key:?} has no failed event at its head; left as it is"
+        ));
+    }
     let line = if json {
-        serde_json::json!({
+        let mut object = serde_json::json!({
             "requeued": report.requeued,
             "unknown": report.unknown,
             "already_published": report.already_published,
-        })
-        .to_string()
+        });
+        if let Some(keys) = &report.not_held {
+            object["keys_not_held"] = keys.clone().into();
+        }
+        object.to_string()
     } else {
         format!(
             "requeued {} event{}",

@@ -1,7 +1,7 @@
 //! `outbox-poll status`: the backlog in figures, for people (a little
 //! table) and for scripts (`--json`, exactly the contract's object). Needs
-//! no broker. `--fail-if-dead` and `--fail-if-oldest-over` turn it into a
-//! monitoring check: exit 1 when a threshold is crossed.
+//! no broker. `--fail-if-dead`, `--fail-if-oldest-over` and `--max-age`
+//! turn it into a monitoring check: exit 1 when a threshold is crossed.
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use crate::config::Database;
 use crate::exit::Exit;
 use crate::guard::watchdog::Watchdog;
 use crate::report::{plural, stderr, stdout};
-use crate::sql::figures::{self, Figures, HeldBack};
+use crate::sql::figures::{self, Figures, HeldBack, HeldKey};
 use crate::sql::table::TableName;
 
 pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
@@ -33,6 +33,8 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
     let beyond = Beyond {
         held_back: figures::held_back(&mut client, table, max_attempts)?,
         dead_tuples: figures::dead_tuple_ratio(&mut client, table)?,
+        held_back_keys: figures::held_back_keys(&mut client, table, max_attempts)?,
+        held_keys: figures::held_keys(&mut client, table, max_attempts)?.unwrap_or_default(),
     };
     let text = match json {
         true => json_text(&total, &beyond, by_type.as_deref()),
@@ -56,15 +58,36 @@ struct Beyond {
     held_back: Option<HeldBack>,
     /// Dead row versions over all row versions (None: not counted yet).
     dead_tuples: Option<f64>,
+    /// Keys held back by a failed head (None: the table has no
+    /// ordering_key column).
+    held_back_keys: Option<i64>,
+    /// Those keys, the oldest heads first (at most HELD_KEYS_LISTED).
+    held_keys: Vec<HeldKey>,
 }
 
-/// The contract's object, then `ordered_held_back_s` and `dead_tuple_ratio`
-/// (each null when there is none), and with --by-type, last, a `by_type`
+/// The contract's object, then `ordered_held_back_s`, `dead_tuple_ratio`,
+/// `oldest_due_age_s` and `held_back_keys` (each null when there is none),
+/// and with --by-type, last, a `by_type`
 /// object keyed by event type, each with the contract's five fields.
 fn json_text(total: &Figures, beyond: &Beyond, by_type: Option<&[(String, Figures)]>) -> String {
     let mut object = total.to_json();
     object["ordered_held_back_s"] = beyond.held_back.as_ref().map(|held| held.age_s).into();
     object["dead_tuple_ratio"] = beyond.dead_tuples.into();
+    object["oldest_due_age_s"] = total.oldest_due_age_s.into();
+    object["held_back_keys"] = beyond.held_back_keys.into();
+    object["keys_held_back"] = beyond
+        .held_keys
+        .iter()
+        .map(|held| {
+            serde_json::json!({
+                "key": held.key,
+                "waiting": held.waiting,
+                "since": held.since,
+                "last_error": held.last_error,
+            })
+        })
+        .collect::<Vec<_>>()
+        .into();
     if let Some(types) = by_type {
         let types: serde_json::Map<String, serde_json::Value> = types
             .iter()
@@ -94,6 +117,15 @@ fn thresholds_crossed(figures: &Figures, args: &StatusArgs) -> Vec<String> {
             humantime::format_duration(limit)
         ));
     }
+    if let (Some(limit), Some(age)) = (args.max_age, figures.oldest_due_age_s)
+        && Duration::from_secs(age.max(0) as u64) > limit
+    {
+        crossed.push(format!(
+            "the oldest due event is {} old, over --max-age {}",
+            humantime::format_duration(Duration::from_secs(age.max(0) as u64)),
+            humantime::format_duration(limit)
+        ));
+    }
     crossed
 }
 
@@ -106,6 +138,17 @@ fn table_text(
 ) -> String {
     let mut text = totals_text(table, total);
     text.push_str(&held_back_line(beyond.held_back.as_ref()));
+    if let Some(keys) = beyond.held_back_keys {
+        text.push_str(&format!("held-back keys  {keys}\n"));
+    }
+    for held in &beyond.held_keys {
+        let (waiting, s) = (held.waiting, plural(held.waiting));
+        let error = held.last_error.as_deref().unwrap_or("-");
+        text.push_str(&format!(
+            "  key {:?}: {waiting} event{s} waiting since {}, the head's last error: {error}\n",
+            held.key, held.since
+        ));
+    }
     text.push_str(&dead_tuples_line(beyond.dead_tuples));
     if let Some(types) = by_type {
         text.push('\n');
@@ -116,10 +159,11 @@ fn table_text(
 
 /// The table's figures, one per line, right-aligned.
 fn totals_text(table: &TableName, total: &Figures) -> String {
-    let oldest = match total.oldest_pending_age_s {
+    let age = |age: Option<i64>| match age {
         Some(age) => humantime::format_duration(Duration::from_secs(age.max(0) as u64)).to_string(),
         None => "-".into(),
     };
+    let (oldest, oldest_due) = (age(total.oldest_pending_age_s), age(total.oldest_due_age_s));
     let counts = [
         total.pending,
         total.due,
@@ -139,7 +183,8 @@ fn totals_text(table: &TableName, total: &Figures) -> String {
          retrying        {:>w$}\n\
          dead            {:>w$}\n\
          expired         {:>w$}\n\
-         oldest pending  {oldest}\n",
+         oldest pending  {oldest}\n\
+         oldest due      {oldest_due}\n",
         counts[0], counts[1], counts[2], counts[3], counts[4],
     )
 }
@@ -215,6 +260,7 @@ mod tests {
             dead: 0,
             oldest_pending_age_s: Some(3661),
             expired: 2,
+            oldest_due_age_s: Some(61),
         };
         let types = [
             ("a".to_string(), total),
@@ -232,6 +278,13 @@ mod tests {
                 pid: Some(4242),
             }),
             dead_tuples: Some(0.125),
+            held_back_keys: Some(2),
+            held_keys: vec![HeldKey {
+                key: "order-7".into(),
+                waiting: 3,
+                since: "2026-12-03T10:00:00+00:00".into(),
+                last_error: Some("returned: NO_ROUTE".into()),
+            }],
         };
         assert_eq!(
             table_text(&table, &total, &beyond, Some(&types)),
@@ -242,7 +295,10 @@ mod tests {
              dead             0\n\
              expired          2\n\
              oldest pending  1h 1m 1s\n\
+             oldest due      1m 1s\n\
              held back       2m 5s (the ordered modes wait for the open transaction of pid 4242)\n\
+             held-back keys  2\n\
+             \x20 key \"order-7\": 3 events waiting since 2026-12-03T10:00:00+00:00, the head's last error: returned: NO_ROUTE\n\
              dead tuples     12.5%\n\
              \n\
              event type     pending  due  retrying  dead\n\
@@ -280,11 +336,16 @@ mod tests {
                 "expired",
                 "ordered_held_back_s",
                 "dead_tuple_ratio",
+                "oldest_due_age_s",
+                "held_back_keys",
+                "keys_held_back",
                 "by_type"
             ]
         );
         assert!(text.contains(r#""dead_tuple_ratio":0.5,"#), "{text}");
         let unknown = json_text(&figures, &Beyond::default(), None);
-        assert!(unknown.contains(r#""ordered_held_back_s":null,"dead_tuple_ratio":null"#));
+        assert!(unknown.contains(
+            r#""ordered_held_back_s":null,"dead_tuple_ratio":null,"oldest_due_age_s":null,"held_back_keys":null,"keys_held_back":[]"#
+        ));
     }
 }

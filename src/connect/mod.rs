@@ -3,7 +3,8 @@
 //! session opened with every phase bounded (`database`); the AMQP URLs of
 //! a cluster (`amqp_url`) and the node that accepts (`amqp`); one TLS stack
 //! for both (`tls`, `postgres_tls`); waits that a signal ends (`wait`); and
-//! the redaction that keeps passwords out of every message.
+//! the redaction that keeps passwords out of every message, and the URLs
+//! read from secret files (`secrets`).
 
 pub mod amqp;
 pub mod amqp_url;
@@ -13,5 +14,6 @@ pub mod hosts;
 pub mod libpq;
 pub mod postgres_tls;
 pub mod redact;
+pub mod secrets;
 pub mod tls;
 pub mod wait;

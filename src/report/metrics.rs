@@ -2,9 +2,10 @@
 //! for node_exporter's textfile collector: what the run did, and the
 //! backlog it left (one status query).
 //!
-//! The file is written to `PATH.tmp` in the same directory and renamed
-//! over PATH, so the collector never reads half a file (it reads only
-//! `*.prom`, so the temporary name is never collected).
+//! The file is written to a temporary of a unique name in the same
+//! directory (`.NAME.XXXXXX.tmp`) and renamed over PATH, so the collector
+//! never reads half a file (it reads only `*.prom`, so the temporary is
+//! never collected) and concurrent runs sharing PATH never collide.
 //!
 //! The file is written whatever the run's outcome: a failed run's exit code
 //! is what an alert wants to see. If the backlog cannot be read the backlog
@@ -14,7 +15,7 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
@@ -34,6 +35,9 @@ pub struct Backlog {
     /// None when the statistics have counted no row: the gauge is NaN then,
     /// so the series stays (an alert's comparison with NaN is false).
     pub dead_tuple_ratio: Option<f64>,
+    /// Keys held back by a failed head; None (no gauge) on a table without
+    /// an ordering_key column.
+    pub held_back_keys: Option<i64>,
 }
 
 /// The backlog for the metrics file, read on the run's own connection
@@ -52,9 +56,14 @@ pub fn backlog(client: &mut Client, database: &Database, relay: &Relay) -> Optio
         .inspect_err(|error| log::warn!("metrics without the dead-tuple ratio: {error:#}"))
         .ok()
         .flatten();
+    let held_back_keys = figures::held_back_keys(client, &database.table, database.max_attempts)
+        .inspect_err(|error| log::warn!("metrics without the held-back keys: {error:#}"))
+        .ok()
+        .flatten();
     Some(Backlog {
         figures,
         dead_tuple_ratio,
+        held_back_keys,
     })
 }
 
@@ -179,9 +188,16 @@ fn run_gauges(run: &Run) -> [Gauge; 9] {
 
 /// The backlog the run left, as `status` counts it, and the dead-tuple
 /// ratio.
-fn backlog_gauges(backlog: &Backlog) -> [Gauge; 7] {
+fn backlog_gauges(backlog: &Backlog) -> Vec<Gauge> {
     let figures = &backlog.figures;
-    [
+    let held_back_keys = backlog.held_back_keys.map(|keys| {
+        (
+            "held_back_keys",
+            "Ordering keys held back by a failed head event (--ordered-by-key): their later events wait.",
+            keys.to_string(),
+        )
+    });
+    let mut gauges = vec![
         (
             "pending",
             "Unpublished events that are not dead.",
@@ -213,6 +229,11 @@ fn backlog_gauges(backlog: &Backlog) -> [Gauge; 7] {
             figures.oldest_pending_age_s.unwrap_or(0).to_string(),
         ),
         (
+            "oldest_due_age_seconds",
+            "Age of the oldest due event, available now (0 when none is due): what status --max-age checks.",
+            figures.oldest_due_age_s.unwrap_or(0).to_string(),
+        ),
+        (
             "dead_tuple_ratio",
             "Dead row versions over all row versions of the table, its partitions summed, as PostgreSQL's statistics last counted them (NaN: none counted).",
             match backlog.dead_tuple_ratio {
@@ -220,7 +241,9 @@ fn backlog_gauges(backlog: &Backlog) -> [Gauge; 7] {
                 None => "NaN".into(),
             },
         ),
-    ]
+    ];
+    gauges.extend(held_back_keys);
+    gauges
 }
 
 fn escape_label(value: &str) -> String {
@@ -230,19 +253,29 @@ fn escape_label(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// PATH.tmp beside PATH, flushed to disk, then renamed over PATH.
+/// A temporary file of its own beside PATH (a unique name per writer, so
+/// concurrent runs sharing one metrics file never rename each other's file
+/// away nor write into one inode), flushed to disk, then renamed over PATH.
+/// A temporary left by a failure is removed when it is dropped.
 fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
-    let temporary: PathBuf = path.with_file_name(name);
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(path.file_name().unwrap_or_default());
+    prefix.push(".");
     let write = || -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&temporary)?;
+        let mut file = tempfile::Builder::new()
+            .prefix(&prefix)
+            .suffix(".tmp")
+            .tempfile_in(directory)?;
         file.write_all(text.as_bytes())?;
-        file.sync_all()?;
-        std::fs::rename(&temporary, path)
+        file.as_file().sync_all()?;
+        file.persist(path).map_err(|error| error.error)?;
+        Ok(())
     };
     write().with_context(|| {
-        let _ = std::fs::remove_file(&temporary);
         format!(
             "cannot write the metrics file {}: check that its directory exists and is writable",
             path.display()
@@ -293,6 +326,7 @@ mod tests {
         let backlog = |dead_tuple_ratio| Backlog {
             figures: Figures::default(),
             dead_tuple_ratio,
+            held_back_keys: None,
         };
         let known = render("t", &run, Some(&backlog(Some(0.25))));
         assert!(

@@ -27,6 +27,9 @@ pub struct Figures {
     /// Whole seconds since the oldest pending event was created, among
     /// those whose created_at is finite.
     pub oldest_pending_age_s: Option<i64>,
+    /// The same among the due events: what `status --max-age` checks (an
+    /// event backing off is not late yet).
+    pub oldest_due_age_s: Option<i64>,
 }
 
 impl Figures {
@@ -55,6 +58,7 @@ impl Figures {
                 dead: total.dead + figures.dead,
                 expired: total.expired + figures.expired,
                 oldest_pending_age_s: total.oldest_pending_age_s.max(figures.oldest_pending_age_s),
+                oldest_due_age_s: total.oldest_due_age_s.max(figures.oldest_due_age_s),
             })
     }
 }
@@ -163,6 +167,100 @@ pub fn held_back(
     Ok(Some(HeldBack { age_s, pid }))
 }
 
+/// How many keys of an --ordered-by-key table are held back by a failed
+/// head: their first pending event (in the claim's order) has failed at
+/// least once and backs off, so the key's later events wait behind it.
+/// Dead events block nothing (see `sql::outbox`). None when the table has
+/// no ordering_key column.
+pub fn held_back_keys(
+    client: &mut Client,
+    table: &TableName,
+    max_attempts: i32,
+) -> Result<Option<i64>> {
+    const WHAT: &str = "counting the held-back keys";
+    let columns = columns::of_table(client, table, WHAT)?.columns;
+    if !columns.ordering_key {
+        return Ok(None);
+    }
+    let order = match columns.producer_xid {
+        true => "ordering_key, producer_xid, id",
+        false => "ordering_key, id",
+    };
+    let sql = format!(
+        "SELECT count(*) FILTER (WHERE attempts > 0) FROM ( \
+           SELECT DISTINCT ON (ordering_key) attempts FROM {} \
+           WHERE ordering_key IS NOT NULL AND published_at IS NULL AND attempts < $1::int \
+           ORDER BY {order}) AS heads",
+        table.quoted()
+    );
+    let row = client
+        .query_one(&sql, &[&max_attempts])
+        .map_err(|error| classify_on_table(&error, WHAT, table))?;
+    Ok(Some(row.get(0)))
+}
+
+/// A key held back by a failed head (`held_back_keys`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldKey {
+    pub key: String,
+    /// Its events still to publish, the head included.
+    pub waiting: i64,
+    /// The head's created_at (RFC 3339): the key has waited since then at
+    /// the latest (the head's first failure is not recorded).
+    pub since: String,
+    pub last_error: Option<String>,
+}
+
+/// How many held-back keys `status` lists (their count is exact).
+pub const HELD_KEYS_LISTED: i64 = 100;
+
+/// The keys held back by a failed head, oldest head first, at most
+/// HELD_KEYS_LISTED; None when the table has no ordering_key column.
+pub fn held_keys(
+    client: &mut Client,
+    table: &TableName,
+    max_attempts: i32,
+) -> Result<Option<Vec<HeldKey>>> {
+    const WHAT: &str = "listing the held-back keys";
+    let shape = columns::of_table(client, table, WHAT)?;
+    if !shape.columns.ordering_key {
+        return Ok(None);
+    }
+    let order = match shape.columns.producer_xid {
+        true => "ordering_key, producer_xid, id",
+        false => "ordering_key, id",
+    };
+    let last_error = match shape.last_error {
+        true => "last_error",
+        false => "NULL::text",
+    };
+    let sql = format!(
+        "SELECT h.ordering_key::text, \
+           (SELECT count(*) FROM {t} w WHERE w.ordering_key = h.ordering_key \
+              AND w.published_at IS NULL AND w.attempts < $1::int), \
+           to_json(h.created_at) #>> '{{}}', h.last_error \
+         FROM (SELECT DISTINCT ON (ordering_key) ordering_key, attempts, created_at, \
+                 {last_error} AS last_error FROM {t} \
+               WHERE ordering_key IS NOT NULL AND published_at IS NULL AND attempts < $1::int \
+               ORDER BY {order}) AS h \
+         WHERE h.attempts > 0 ORDER BY h.created_at, h.ordering_key LIMIT {HELD_KEYS_LISTED}",
+        t = table.quoted()
+    );
+    let rows = client
+        .query(&sql, &[&max_attempts])
+        .map_err(|error| classify_on_table(&error, WHAT, table))?;
+    Ok(Some(
+        rows.iter()
+            .map(|row| HeldKey {
+                key: row.get(0),
+                waiting: row.get(1),
+                since: row.get(2),
+                last_error: row.get(3),
+            })
+            .collect(),
+    ))
+}
+
 /// The session whose transaction is the horizon (none for a prepared
 /// transaction, which has no session, or one that has just ended).
 fn holder_sql() -> String {
@@ -195,9 +293,10 @@ fn query(
                     dead: row.get(4),
                     oldest_pending_age_s: row.get(5),
                     expired: match expires {
-                        true => row.get(6),
+                        true => row.get(7),
                         false => 0,
                     },
+                    oldest_due_age_s: row.get(6),
                 },
             )
         })
@@ -232,7 +331,10 @@ fn figures_sql(table: &str, group: bool, expires: bool) -> String {
            count(*) FILTER (WHERE attempts < $1::int AND attempts > 0{live}), \
            count(*) FILTER (WHERE attempts >= $1::int{live}), \
            floor(extract(epoch FROM now() - min(created_at) \
-             FILTER (WHERE attempts < $1::int AND isfinite(created_at){live})))::bigint\
+             FILTER (WHERE attempts < $1::int AND isfinite(created_at){live})))::bigint, \
+           floor(extract(epoch FROM now() - min(created_at) \
+             FILTER (WHERE attempts < $1::int AND available_at <= now() \
+               AND isfinite(created_at){live})))::bigint\
            {expired} \
          FROM {table} WHERE published_at IS NULL{tail}"
     )
@@ -251,6 +353,7 @@ mod tests {
             dead: 4,
             oldest_pending_age_s: None,
             expired: 5,
+            oldest_due_age_s: Some(5),
         };
         assert_eq!(
             figures.to_json().to_string(),

@@ -11,3 +11,4 @@ pub mod partitions;
 pub mod prune;
 pub mod requeue;
 pub mod table;
+pub mod wait;

@@ -31,6 +31,11 @@ pub const BY_CREATED_AT: &str = "EXISTS (SELECT FROM pg_partitioned_table p \
          AND p.partnatts = 1 AND a.attname = 'created_at' \
          AND a.atttypid = 'timestamptz'::regtype)";
 
+/// Whether the partition `i` (a pg_inherits row) is left detaching by an
+/// interrupted DETACH ... CONCURRENTLY. Read through to_jsonb so the
+/// statement also runs on PostgreSQL before 14, which has no such column.
+const DETACH_PENDING: &str = "coalesce((to_jsonb(i) ->> 'inhdetachpending')::bool, false)";
+
 /// Whether `table` is partitioned by range on created_at (BY_CREATED_AT).
 pub fn by_created_at(client: &mut Client, table: &TableName) -> Result<bool> {
     let row = client
@@ -79,15 +84,17 @@ pub fn candidates(
     }
     let rows = client
         .query(
-            "SELECT schema, name FROM ( \
+            &format!(
+                "SELECT schema, name FROM ( \
                SELECT n.nspname::text AS schema, c.relname::text AS name, \
                  (regexp_match(pg_get_expr(c.relpartbound, c.oid), \
                                ' TO \\(''([^'']*)''\\)$'))[1]::timestamptz AS upper \
                FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
                  JOIN pg_namespace n ON n.oid = c.relnamespace \
                WHERE i.inhparent = $1::text::regclass AND c.relkind = 'r' \
-                 AND pg_has_role(c.relowner, 'USAGE')) p \
-             WHERE upper <= now() - make_interval(secs => $2) ORDER BY upper",
+                 AND NOT {DETACH_PENDING} AND pg_has_role(c.relowner, 'USAGE')) p \
+             WHERE upper <= now() - make_interval(secs => $2) ORDER BY upper"
+            ),
             &[&table.quoted(), &age.as_secs_f64()],
         )
         .map_err(|error| classify_on_table(&error, what, table))?;
@@ -125,23 +132,180 @@ pub fn droppable_rows(
 /// What became of one partition prune set out to drop.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Dropped {
-    Dropped,
-    /// An unpublished event turned up in it since it was checked: kept.
+    /// Dropped, with the rows it held.
+    Dropped(i64),
+    /// An unpublished event turned up in it since it was checked: kept
+    /// (attached again when it had been detached).
     Kept,
     /// The table was busy past the lock timeout: kept for now (its rows
     /// are pruned row by row).
     Busy,
 }
 
-/// How long DETACH may wait for the table's lock. It needs the parent's
-/// ACCESS EXCLUSIVE lock, and while it waits for the relay's batches and
-/// any other transaction on the outbox to end, every new statement on the
-/// table (the producers' INSERTs included) queues behind it: the wait must
-/// be short. The relay's batches last milliseconds.
-const DETACH_LOCK_TIMEOUT: &str = "1s";
+/// How prune may detach a partition of `table`: concurrently (PostgreSQL
+/// 14 and later, and no DEFAULT partition, which a concurrent detach
+/// refuses), or under the parent's ACCESS EXCLUSIVE lock.
+pub fn concurrent_detach(client: &mut Client, table: &TableName) -> Result<bool> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int >= 140000 \
+               AND NOT EXISTS (SELECT FROM pg_partitioned_table \
+                 WHERE partrelid = $1::text::regclass AND partdefid <> 0)",
+            &[&table.quoted()],
+        )
+        .map_err(|error| {
+            classify_on_table(&error, "reading how the table is partitioned", table)
+        })?;
+    Ok(row.get(0))
+}
 
-/// Detaches and drops `partition` of `table` in one transaction. Checked
-/// again under the lock, through the partition's pending index: an event
+/// The partitions of `table` whose concurrent detach an interrupted run
+/// (a signal, a lost connection) left pending: the table's queries no
+/// longer see them, and nothing can be done to them but FINALIZE. With
+/// whether their range ends before the cut-off, `age` ago.
+pub fn pending_detaches(
+    client: &mut Client,
+    table: &TableName,
+    age: Duration,
+) -> Result<Vec<(TableName, bool)>> {
+    let rows = client
+        .query(
+            &format!(
+                "SELECT n.nspname::text, c.relname::text, \
+               coalesce((regexp_match(pg_get_expr(c.relpartbound, c.oid), \
+                 ' TO \\(''([^'']*)''\\)$'))[1]::timestamptz \
+                 <= now() - make_interval(secs => $2), false) \
+             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+               JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE i.inhparent = $1::text::regclass AND {DETACH_PENDING}"
+            ),
+            &[&table.quoted(), &age.as_secs_f64()],
+        )
+        .map_err(|error| classify_on_table(&error, "listing pending detaches", table))?;
+    Ok(rows
+        .iter()
+        .map(|row| (TableName::from_catalog(row.get(0), row.get(1)), row.get(2)))
+        .collect())
+}
+
+/// Finishes the pending detach of `partition` (outside any transaction
+/// block, as PostgreSQL requires), waiting as a concurrent detach does;
+/// false when that wait ran out (still pending: the next prune tries again).
+pub fn finalize(client: &mut Client, table: &TableName, partition: &TableName) -> Result<bool> {
+    waiting_detach(client, table, partition, "FINALIZE")
+}
+
+/// How long a concurrent detach (or its FINALIZE) may wait for the
+/// transactions that still see the partition: nobody queues behind it, so
+/// the session's usual short lock_timeout need not apply; a report open
+/// longer leaves the detach pending for the next prune.
+const DETACH_WAIT: &str = "10min";
+
+/// `ALTER TABLE table DETACH PARTITION partition {how}` under DETACH_WAIT;
+/// false when the wait ran out.
+fn waiting_detach(
+    client: &mut Client,
+    table: &TableName,
+    partition: &TableName,
+    how: &str,
+) -> Result<bool> {
+    let set = |client: &mut Client, sql: &str| {
+        client
+            .batch_execute(sql)
+            .map_err(|error| drop_error(&error, table, partition))
+    };
+    set(client, &format!("SET lock_timeout = '{DETACH_WAIT}'"))?;
+    let detached = client.batch_execute(&format!(
+        "ALTER TABLE {} DETACH PARTITION {} {how}",
+        table.quoted(),
+        partition.quoted()
+    ));
+    let done = match detached {
+        Ok(()) => true,
+        Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => false,
+        Err(error) => return Err(drop_error(&error, table, partition)),
+    };
+    set(client, "RESET lock_timeout")?;
+    Ok(done)
+}
+
+/// The bound of `partition` (`FOR VALUES FROM (...) TO (...)`), to attach
+/// it again if it must be kept after all.
+pub fn bound(client: &mut Client, table: &TableName, partition: &TableName) -> Result<String> {
+    let row = client
+        .query_one(
+            "SELECT pg_get_expr(relpartbound, oid) FROM pg_class WHERE oid = $1::text::regclass",
+            &[&partition.quoted()],
+        )
+        .map_err(|error| drop_error(&error, table, partition))?;
+    Ok(row.get(0))
+}
+
+/// Detaches `partition` with DETACH PARTITION ... CONCURRENTLY: it takes
+/// only SHARE UPDATE EXCLUSIVE on the table, so the producers' INSERTs and
+/// the relay's batches never wait behind it, and it waits (without a
+/// timeout: nobody queues behind it) for the transactions that could still
+/// see the partition, a drain's batch or a long report, to end (up to
+/// DETACH_WAIT; false then). Interrupted or out of time, it leaves the
+/// detach pending; the next prune finishes it (`pending_detaches`,
+/// `finalize`).
+pub fn detach_concurrently(
+    client: &mut Client,
+    table: &TableName,
+    partition: &TableName,
+) -> Result<bool> {
+    waiting_detach(client, table, partition, "CONCURRENTLY")
+}
+
+/// Drops `partition`, detached from `table`, if every row in it was
+/// published before the cut-off (`droppable_rows`); otherwise attaches it
+/// again with its `bound` (an event inserted into its old range since it
+/// was checked, or a detach prune did not choose), so no event leaves the
+/// outbox unpublished.
+pub fn drop_detached(
+    client: &mut Client,
+    table: &TableName,
+    partition: &TableName,
+    bound: &str,
+    age: Duration,
+) -> Result<Dropped> {
+    let Some(rows) = droppable_rows(client, table, partition, age)? else {
+        attach(client, table, partition, bound)?;
+        return Ok(Dropped::Kept);
+    };
+    client
+        .batch_execute(&format!("DROP TABLE {}", partition.quoted()))
+        .map_err(|error| drop_error(&error, table, partition))?;
+    Ok(Dropped::Dropped(rows))
+}
+
+/// Attaches the detached `partition` to `table` again with its `bound`
+/// (SHARE UPDATE EXCLUSIVE on the table: producers go on).
+pub fn attach(
+    client: &mut Client,
+    table: &TableName,
+    partition: &TableName,
+    bound: &str,
+) -> Result<()> {
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE {} ATTACH PARTITION {} {bound}",
+            table.quoted(),
+            partition.quoted()
+        ))
+        .map_err(|error| drop_error(&error, table, partition))
+}
+
+/// How long DETACH may wait for the table's lock where it cannot detach
+/// concurrently. It needs the parent's ACCESS EXCLUSIVE lock, and while it
+/// waits every new statement on the table (the producers' INSERTs
+/// included) queues behind it: producers must never wait longer than this.
+/// The caller retries.
+const DETACH_LOCK_TIMEOUT: &str = "50ms";
+
+/// Detaches and drops `partition` of `table` in one transaction, waiting
+/// at most DETACH_LOCK_TIMEOUT for the lock (Busy then). Checked again
+/// under the lock, through the partition's pending index: an event
 /// inserted into its range since `droppable_rows` read it keeps it.
 /// (Events published since then were unpublished when it was read, so it
 /// was not offered.) The check and the drop are one transaction, so a kept
@@ -150,6 +314,7 @@ pub fn detach_and_drop(
     client: &mut Client,
     table: &TableName,
     partition: &TableName,
+    rows: i64,
 ) -> Result<Dropped> {
     let mut transaction = client
         .transaction()
@@ -184,7 +349,7 @@ pub fn detach_and_drop(
     transaction
         .commit()
         .map_err(|error| drop_error(&error, table, partition))?;
-    Ok(Dropped::Dropped)
+    Ok(Dropped::Dropped(rows))
 }
 
 /// A refusal names the partition; a missing privilege is exit 78 (the

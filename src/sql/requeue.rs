@@ -67,3 +67,47 @@ pub fn by_event_id(
         })
         .collect())
 }
+
+/// Requeues the head of each named ordering key, its first event still to
+/// publish in the claim's order, when that head has failed (attempts > 0):
+/// the key's events go again from there. Says which keys had no failed
+/// head (each once, in key order). One statement.
+pub fn by_key(
+    client: &mut Client,
+    table: &TableName,
+    keys: &[&str],
+    max_attempts: i32,
+    by_xid: bool,
+) -> Result<(u64, Vec<String>)> {
+    let order = match by_xid {
+        true => "producer_xid, id",
+        false => "id",
+    };
+    let rows = client
+        .query(
+            &format!(
+                "WITH heads AS ( \
+                   SELECT k.key, ( \
+                     SELECT id FROM {t} WHERE ordering_key = k.key AND published_at IS NULL \
+                       AND attempts < $2::int ORDER BY {order} LIMIT 1) AS id \
+                   FROM unnest($1::text[]) AS k(key)), \
+                 requeued AS ( \
+                   UPDATE {t} SET {RESET} \
+                   WHERE id IN (SELECT id FROM heads) AND published_at IS NULL \
+                     AND attempts > 0 AND attempts < $2::int \
+                   RETURNING id) \
+                 SELECT h.key, r.id IS NOT NULL FROM heads h \
+                 LEFT JOIN requeued r ON r.id = h.id ORDER BY h.key",
+                t = table.quoted()
+            ),
+            &[&keys, &max_attempts],
+        )
+        .map_err(|error| classify_on_table(&error, "requeueing", table))?;
+    let requeued = rows.iter().filter(|row| row.get::<_, bool>(1)).count() as u64;
+    let not_held = rows
+        .iter()
+        .filter(|row| !row.get::<_, bool>(1))
+        .map(|row| row.get(0))
+        .collect();
+    Ok((requeued, not_held))
+}

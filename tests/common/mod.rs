@@ -389,7 +389,14 @@ impl Fixture {
         for (name, _) in std::env::vars() {
             if name.starts_with("PG")
                 || name.starts_with("OUTBOX_")
-                || ["DATABASE_URL", "AMQP_URL", "RUST_LOG"].contains(&name.as_str())
+                || [
+                    "DATABASE_URL",
+                    "DATABASE_URL_FILE",
+                    "AMQP_URL",
+                    "AMQP_URL_FILE",
+                    "RUST_LOG",
+                ]
+                .contains(&name.as_str())
             {
                 command.env_remove(name);
             }
