@@ -207,7 +207,12 @@ pub struct DatabaseArgs {
     /// A file listing the databases to serve, one connection string (URL,
     /// key=value or service=NAME) per line; --database-url and the PG*
     /// variables give what a line leaves out.
-    #[arg(long, env = "OUTBOX_DATABASES_FILE", value_name = "FILE", global = true)]
+    #[arg(
+        long,
+        env = "OUTBOX_DATABASES_FILE",
+        value_name = "FILE",
+        global = true
+    )]
     pub databases: Option<PathBuf>,
 
     /// Serve only shard I of N of the selected outboxes (by a stable hash
@@ -330,7 +335,10 @@ fn parse_shard(text: &str) -> Result<Shard, String> {
         return Err(usage.into());
     };
     if count == 0 || index >= count {
-        return Err(format!("shard {index} is outside 0..{}: {usage}", count.max(1) - 1));
+        return Err(format!(
+            "shard {index} is outside 0..{}: {usage}",
+            count.max(1) - 1
+        ));
     }
     Ok(Shard { index, count })
 }

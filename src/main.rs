@@ -6,12 +6,12 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use outbox_poll::cli::{Cli, Command};
-use outbox_poll::commands::{generate, migrate, prune, requeue, status, wait};
 use outbox_poll::commands;
+use outbox_poll::commands::{generate, migrate, prune, requeue, status, wait};
 use outbox_poll::config::{Database, Relay};
-use outbox_poll::plan::Selection;
 use outbox_poll::connect::libpq::process_env;
 use outbox_poll::exit::{self, Exit};
+use outbox_poll::plan::Selection;
 use outbox_poll::report::stderr;
 use outbox_poll::{environment, relay, report};
 
@@ -74,16 +74,16 @@ fn many(cli: &Cli, selection: Selection) -> Result<Exit> {
             relay::many::run(cli.json, relay.map(|relay| (selection, relay)))
         }
         Some(Command::Status(args)) => status::run_many(&selection, cli.json, args),
-        Some(Command::Migrate(args)) => {
-            each(&selection, |database| migrate::run(database, args))
-        }
-        Some(Command::Requeue(args)) => {
-            each(&selection, |database| requeue::run(database, cli.json, args))
-        }
+        Some(Command::Migrate(args)) => each(&selection, |database| migrate::run(database, args)),
+        Some(Command::Requeue(args)) => each(&selection, |database| {
+            requeue::run(database, cli.json, args)
+        }),
         Some(Command::Prune(args)) => {
             each(&selection, |database| prune::run(database, cli.json, args))
         }
-        Some(Command::Wait(args)) => each(&selection, |database| wait::run(database, cli.json, args)),
+        Some(Command::Wait(args)) => {
+            each(&selection, |database| wait::run(database, cli.json, args))
+        }
         Some(Command::Completions { shell }) => generate::completions(*shell),
         Some(Command::Man) => generate::man(),
     }

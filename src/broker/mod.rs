@@ -48,8 +48,9 @@ impl Broker {
     pub fn send(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
         let publisher = match self.publisher.take() {
             Some(publisher) => publisher,
-            None => Publisher::connect(&self.config, &self.stop)
-                .inspect_err(|_| self.failed = true)?,
+            None => {
+                Publisher::connect(&self.config, &self.stop).inspect_err(|_| self.failed = true)?
+            }
         };
         let sent = self.publisher.insert(publisher).send(events, ordered);
         self.failed = sent.is_err();

@@ -65,13 +65,16 @@ pub fn run_many(selection: &Selection, json: bool, args: &StatusArgs) -> Result<
     let mut exits = Vec::new();
     for (database, name) in all {
         let figures = database.and_then(|database| {
-            let at = plan.clients.iter().position(|(server, _)| {
-                selection.servers[*server].conninfo == database.conninfo
-            });
+            let at = plan
+                .clients
+                .iter()
+                .position(|(server, _)| selection.servers[*server].conninfo == database.conninfo);
             let figures = match at {
-                Some(at) => {
-                    figures::of_table(&mut plan.clients[at].1, &database.table, database.max_attempts)
-                }
+                Some(at) => figures::of_table(
+                    &mut plan.clients[at].1,
+                    &database.table,
+                    database.max_attempts,
+                ),
                 None => {
                     let mut client = super::connect(&database)?;
                     figures::of_table(&mut client, &database.table, database.max_attempts)

@@ -31,7 +31,8 @@ pub fn parse(spec: &str) -> Result<Vec<Entry>, String> {
         let item = item.trim();
         let entry = match has_wildcard(item) {
             false => Entry::Name(
-                TableName::parse(item).map_err(|why| format!("invalid table name {item:?}: {why}"))?,
+                TableName::parse(item)
+                    .map_err(|why| format!("invalid table name {item:?}: {why}"))?,
             ),
             true => pattern(item)?,
         };

@@ -38,7 +38,7 @@ use crate::report::metrics;
 use crate::report::stderr;
 use crate::report::summary;
 use crate::report::totals::Totals;
-use crate::sql::outbox::Start;
+use crate::sql::outbox::{Order, Start};
 
 /// How often a follow over many outboxes looks for due events while they
 /// are quiet: one statement per database per DUE_CHUNK tables.
@@ -239,7 +239,10 @@ fn serve(
         stderr::line(&format!(
             "outbox-poll: error: database {}{}: {:#}",
             unread.label,
-            unread.table.as_ref().map_or(String::new(), |t| format!(", table {t}")),
+            unread
+                .table
+                .as_ref()
+                .map_or(String::new(), |t| format!(", table {t}")),
             unread.error
         ));
         results.push(Outcome {
@@ -286,7 +289,9 @@ fn serve(
         started,
         halted: false,
     };
-    let ring: VecDeque<usize> = (0..lanes.len()).filter(|&at| lanes[at].planned.due).collect();
+    let ring: VecDeque<usize> = (0..lanes.len())
+        .filter(|&at| lanes[at].planned.due)
+        .collect();
     let served = match relay.follow {
         true => turns.follow(&mut lanes, ring),
         false => {
@@ -442,10 +447,15 @@ impl Turns<'_> {
             Ok(Opened::InFlight(batch)) => {
                 lane.claims.claimed(&start, &batch, relay.batch_size);
                 lane.in_flight = true;
+                let full = batch.claimed() as i64 == relay.batch_size;
                 flight.push_back((at, session, batch));
-                // A drain comes back to it after every other busy outbox;
-                // a single run takes one batch of each.
-                if relay.drain {
+                // A drain comes back to it after every other busy outbox,
+                // while its claims come back full (a batch that is not
+                // took every event due; a follow looks again), and with
+                // --ordered-by-key, whose next events of the batch's keys
+                // become claimable once it has settled. A single run
+                // takes one batch of each.
+                if relay.drain && (full || relay.order() == Order::ByKey) {
                     ring.push_back(at);
                 }
             }
@@ -554,7 +564,12 @@ impl Turns<'_> {
                 Some(client) => plan::due_tables(client, &tables, self.selection.max_attempts),
                 None => vec![true; ats.len()],
             };
-            ring.extend(ats.into_iter().zip(due).filter(|(_, due)| *due).map(|(at, _)| at));
+            ring.extend(
+                ats.into_iter()
+                    .zip(due)
+                    .filter(|(_, due)| *due)
+                    .map(|(at, _)| at),
+            );
         }
         ring
     }

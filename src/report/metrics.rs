@@ -141,7 +141,11 @@ pub fn after_many(
             (label, run)
         })
         .collect();
-    log::debug!("metrics of {} outboxes, {} claimed", runs.len(), totals.claimed);
+    log::debug!(
+        "metrics of {} outboxes, {} claimed",
+        runs.len(),
+        totals.claimed
+    );
     let mut text = String::new();
     let all: Vec<[Gauge; 9]> = runs.iter().map(|(_, run)| run_gauges(run)).collect();
     for gauge in 0..9 {
