@@ -264,7 +264,7 @@ fn a_broker_blocking_publishers_ends_a_drain_with_69_at_once_naming_its_reason()
     assert_nothing_published_or_blamed(&mut fx);
     // Nothing was lost: once the alarm clears, the next run delivers all.
     node.clear_memory_alarm();
-    let run = fx.run(&args);
+    let run = fx.run_with(&[("AMQP_URL", &url)], &args);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let delivered: HashSet<String> = on_node
         .take_all(&fx.queue)
