@@ -42,7 +42,7 @@ fn a_dead_first_node_gives_way_to_the_next_in_either_list_form() {
     for (form, separator) in [("comma", ","), ("whitespace", " \n ")] {
         fx.insert(form, 3);
         let list = format!("{}{separator}{}", dead_node(free_port()), amqp_url());
-        let run = fx.run(&["--amqp-url", &list]);
+        let run = fx.run_with(&[("AMQP_URL", &list)], &[]);
         assert_eq!(run.code, 0, "{form}: {}", run.stderr);
         assert_eq!(fx.arrivals().len(), 3, "{form}");
     }
@@ -60,7 +60,7 @@ fn a_list_where_no_node_answers_exits_69_naming_each_and_no_password() {
         dead_node(ports[1]),
         dead_node(ports[2])
     );
-    let run = fx.run(&["--amqp-url", &list]);
+    let run = fx.run_with(&[("AMQP_URL", &list)], &[]);
     assert_eq!(run.code, 69, "{}", run.stderr);
     assert_one_clear_line(&run);
     for port in ports {
@@ -77,7 +77,7 @@ fn an_ipv6_literal_reaches_exactly_the_host_it_names() {
     fx.insert("e", 2);
     let broker = Proxy::start_on("::1", amqp_addr());
     let url = format!("amqp://guest:guest@[::1]:{}/%2f", broker.port());
-    let run = fx.run(&["--amqp-url", &url]);
+    let run = fx.run_with(&[("AMQP_URL", &url)], &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(broker.connections(), 1);
     assert_eq!(fx.arrivals().len(), 2);
@@ -123,7 +123,7 @@ fn heartbeat_frame_max_and_channel_max_of_the_url_reach_the_broker() {
         "amqp://guest:guest@127.0.0.1:{}/%2f?heartbeat=7&frame_max=8192&channel_max=16",
         broker.port()
     );
-    let run = fx.run(&["--amqp-url", &url]);
+    let run = fx.run_with(&[("AMQP_URL", &url)], &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(tune_ok(&broker.upstream_seen()), Some((16, 8192, 7)));
 }
@@ -147,7 +147,7 @@ fn amqps_trusts_the_cacertfile_and_checks_the_server_name_given() {
         terminator.port(),
         ca.ca_cert().display()
     );
-    let run = fx.run(&["--amqp-url", &url]);
+    let run = fx.run_with(&[("AMQP_URL", &url)], &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(fx.arrivals().len(), 2);
     assert_eq!(terminator.handshakes(), 1);
@@ -163,14 +163,14 @@ fn amqps_presents_the_client_certificate_of_certfile_and_keyfile() {
         terminator.port(),
         ca.ca_cert().display()
     );
-    let without = fx.run(&["--amqp-url", &url]);
+    let without = fx.run_with(&[("AMQP_URL", &url)], &[]);
     assert_eq!(without.code, 78, "{}", without.stderr);
     let client = format!(
         "{url}&certfile={}&keyfile={}",
         ca.client_cert().display(),
         ca.client_key().display()
     );
-    let with = fx.run(&["--amqp-url", &client]);
+    let with = fx.run_with(&[("AMQP_URL", &client)], &[]);
     assert_eq!(with.code, 0, "{}", with.stderr);
     assert_eq!(fx.arrivals().len(), 2);
     assert_eq!(
@@ -185,7 +185,7 @@ fn amqps_refuses_an_unknown_issuer_without_cacertfile_with_78() {
     fx.insert("e", 2);
     let (_ca, terminator) = amqps_broker(ClientAuth::None);
     let url = format!("amqps://guest:s3cret@localhost:{}/%2f", terminator.port());
-    let run = fx.run(&["--amqp-url", &url]);
+    let run = fx.run_with(&[("AMQP_URL", &url)], &[]);
     assert_eq!(run.code, 78, "{}", run.stderr);
     assert_one_clear_line(&run);
     let host = format!("localhost:{}", terminator.port());
@@ -205,7 +205,7 @@ fn amqps_with_verify_none_takes_any_certificate() {
         "amqps://guest:guest@127.0.0.1:{}/%2f?verify=verify_none",
         terminator.port()
     );
-    let run = fx.run(&["--amqp-url", &url]);
+    let run = fx.run_with(&[("AMQP_URL", &url)], &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(fx.arrivals().len(), 2);
 }
@@ -241,9 +241,8 @@ fn a_broker_blocking_publishers_ends_a_drain_with_69_at_once_naming_its_reason()
     // Batches in flight: the second needs a channel of its own, and a
     // blocked broker reads no channel.open either. The long timeouts show
     // that neither the confirms nor that channel are waited for.
+    let url = node.url();
     let args = [
-        "--amqp-url",
-        &node.url(),
         "--drain",
         "--batch-size",
         "100",
@@ -254,7 +253,7 @@ fn a_broker_blocking_publishers_ends_a_drain_with_69_at_once_naming_its_reason()
         "--json",
     ];
     let started = Instant::now();
-    let run = fx.run(&args);
+    let run = fx.run_with(&[("AMQP_URL", &url)], &args);
     let took = started.elapsed();
     assert_eq!(run.code, 69, "{}", run.stderr);
     assert!(took < Duration::from_secs(30), "took {took:?}");
@@ -265,7 +264,7 @@ fn a_broker_blocking_publishers_ends_a_drain_with_69_at_once_naming_its_reason()
     assert_nothing_published_or_blamed(&mut fx);
     // Nothing was lost: once the alarm clears, the next run delivers all.
     node.clear_memory_alarm();
-    let run = fx.run(&args);
+    let run = fx.run_with(&[("AMQP_URL", &url)], &args);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let delivered: HashSet<String> = on_node
         .take_all(&fx.queue)
@@ -286,11 +285,11 @@ fn a_cluster_keeps_publishing_through_the_second_node_when_the_first_dies() {
     let second = Amqp::connect_to(&cluster.nodes()[1].url());
     second.declare(&fx.exchange, &fx.queue, "#");
     fx.insert("before", 3);
-    let run = fx.run(&["--amqp-url", &cluster.urls()]);
+    let run = fx.run_with(&[("AMQP_URL", &cluster.urls())], &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     cluster.node_mut(0).kill();
     fx.insert("after", 3);
-    let run = fx.run(&["--amqp-url", &cluster.urls()]);
+    let run = fx.run_with(&[("AMQP_URL", &cluster.urls())], &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(fx.published_count(), 6);
     assert_eq!(second.take_all(&fx.queue).len(), 6);

@@ -17,7 +17,7 @@ fn broker_down_exits_69_and_leaves_the_events_untouched() {
     let mut fx = Fixture::new("broker_down");
     fx.insert("e", 3);
     let url = format!("amqp://guest:s3cr3t@127.0.0.1:{}/%2f", free_port());
-    let run = fx.run(&["--amqp-url", &url]);
+    let run = fx.run_with(&[("AMQP_URL", &url)], &[]);
     assert_eq!(run.code, 69, "{}", run.stderr);
     assert_one_clear_line(&run);
     assert!(run.stderr.contains("RabbitMQ"), "{}", run.stderr);
@@ -37,7 +37,7 @@ fn database_down_exits_69() {
         "postgresql://postgres:s3cr3t@127.0.0.1:{}/test",
         free_port()
     );
-    let run = fx.run(&["--database-url", &url]);
+    let run = fx.run_with(&[("DATABASE_URL", &url)], &[]);
     assert_eq!(run.code, 69, "{}", run.stderr);
     assert_one_clear_line(&run);
     assert!(run.stderr.contains("PostgreSQL"), "{}", run.stderr);
@@ -51,7 +51,7 @@ fn a_login_refused_by_postgresql_exits_78() {
     // The server refuses the startup: SQLSTATE 28000, role does not exist.
     let url =
         crate::common::database_url().replacen("postgres@", "outbox_poll_no_such_role:s3cr3t@", 1);
-    let run = fx.run(&["--database-url", &url]);
+    let run = fx.run_with(&[("DATABASE_URL", &url)], &[]);
     assert_eq!(run.code, 78, "{}", run.stderr);
     assert_one_clear_line(&run);
     assert!(
@@ -140,7 +140,10 @@ fn bad_table_name_exits_78_without_touching_the_database() {
 #[test]
 fn database_url_that_does_not_parse_exits_78_without_its_password() {
     let fx = Fixture::new("bad_db_url");
-    let run = fx.run(&["--database-url", "postgresql://u:s3cr3t@host:notaport/db"]);
+    let run = fx.run_with(
+        &[("DATABASE_URL", "postgresql://u:s3cr3t@host:notaport/db")],
+        &[],
+    );
     assert_eq!(run.code, 78, "{}", run.stderr);
     assert_one_clear_line(&run);
     assert_no_secret(&run, "s3cr3t");
@@ -149,7 +152,7 @@ fn database_url_that_does_not_parse_exits_78_without_its_password() {
 #[test]
 fn amqp_url_that_does_not_parse_exits_78_without_its_password() {
     let fx = Fixture::new("bad_amqp_url");
-    let run = fx.run(&["--amqp-url", "amqp://u:s3cr3t@[::1"]);
+    let run = fx.run_with(&[("AMQP_URL", "amqp://u:s3cr3t@[::1")], &[]);
     assert_eq!(run.code, 78, "{}", run.stderr);
     assert_one_clear_line(&run);
     assert_no_secret(&run, "s3cr3t");
@@ -160,10 +163,8 @@ fn wrong_broker_password_exits_78() {
     let mut fx = Fixture::new("bad_broker_login");
     fx.insert("e", 1);
     let port = crate::common::amqp_addr().port();
-    let run = fx.run(&[
-        "--amqp-url",
-        &format!("amqp://guest:wrong-s3cr3t@127.0.0.1:{port}/%2f"),
-    ]);
+    let url = format!("amqp://guest:wrong-s3cr3t@127.0.0.1:{port}/%2f");
+    let run = fx.run_with(&[("AMQP_URL", &url)], &[]);
     assert_eq!(run.code, 78, "{}", run.stderr);
     assert_one_clear_line(&run);
     assert_no_secret(&run, "wrong-s3cr3t");

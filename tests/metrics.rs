@@ -83,6 +83,7 @@ fn metrics_file_has_the_runs_figures_and_the_backlog() {
         "due",
         "retrying",
         "dead",
+        "held_back_keys",
     ]
     .into_iter()
     .map(|name| (name, values[name]))
@@ -100,18 +101,21 @@ fn metrics_file_has_the_runs_figures_and_the_backlog() {
             ("due", 1.0),
             ("retrying", 0.0),
             ("dead", 1.0),
+            ("held_back_keys", 0.0),
         ]
     );
     // Whole seconds since the insert: the run's own time, on a busy machine.
     let age = values["oldest_pending_age_seconds"];
     assert!((0.0..10.0).contains(&age), "{age}");
+    let due_age = values["oldest_due_age_seconds"];
+    assert!((0.0..10.0).contains(&due_age), "{due_age}");
     let ended = values["last_run_timestamp_seconds"];
     assert!(ended >= before.floor() && ended < before + 60.0, "{ended}");
     assert!(values["last_run_duration_seconds"] < 60.0);
     // When the server counted the rows is its business (NaN: not yet).
     let ratio = values["dead_tuple_ratio"];
     assert!(ratio.is_nan() || (0.0..=1.0).contains(&ratio), "{ratio}");
-    assert_eq!(values.len(), 16);
+    assert_eq!(values.len(), 18);
 }
 
 #[test]
@@ -204,7 +208,7 @@ fn concurrent_runs_sharing_one_metrics_file_all_succeed_and_it_is_always_whole()
             let mut reads = 0;
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
                 if let Ok(text) = std::fs::read_to_string(&path) {
-                    assert_eq!(gauges(&text, &fx.table).len(), 16, "{text}");
+                    assert_eq!(gauges(&text, &fx.table).len(), 18, "{text}");
                     reads += 1;
                 }
             }

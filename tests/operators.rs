@@ -353,7 +353,7 @@ fn status_lists_each_key_held_back_with_its_waiting_events_and_the_heads_error()
 
 #[test]
 fn requeue_key_makes_the_failed_head_eligible_again() {
-    let mut fx = Fixture::new("requeue_key");
+    let mut fx = Fixture::isolated("requeue_key");
     a_key_held_back(&mut fx);
     let run = fx.run(&["requeue", "--key", "k1", "k2", "--json"]);
     assert_eq!(run.code, 1, "k2 had no failed head: {}", run.stderr);

@@ -97,7 +97,7 @@ fn a_user_without_write_permission_exits_78_and_counts_no_attempt() {
     let mut fx = Fixture::new("no_write_permission");
     let user = BrokerUser::without_write("no_write");
     fx.insert("e", 500);
-    let run = fx.run(&["--amqp-url", &user.url(), "--drain", "--json"]);
+    let run = fx.run_with(&[("AMQP_URL", &user.url())], &["--drain", "--json"]);
     assert_refused(&run, "ACCESS_REFUSED");
     assert!(!run.stderr.contains("secret"), "{}", run.stderr);
     assert_eq!(run.field("published"), 0);
