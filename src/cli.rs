@@ -198,9 +198,33 @@ pub struct DatabaseArgs {
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
 
-    /// Outbox table, optionally schema-qualified.
+    /// Outbox table, optionally schema-qualified; or a comma-separated
+    /// list of names and shell-style patterns over schema-qualified names
+    /// ('tenant_*.outbox'), resolved from the catalog at every run.
     #[arg(long, env = "OUTBOX_TABLE", default_value = "outbox", global = true)]
     pub table: String,
+
+    /// A file listing the databases to serve, one connection string (URL,
+    /// key=value or service=NAME) per line; --database-url and the PG*
+    /// variables give what a line leaves out.
+    #[arg(
+        long,
+        env = "OUTBOX_DATABASES_FILE",
+        value_name = "FILE",
+        global = true
+    )]
+    pub databases: Option<PathBuf>,
+
+    /// Serve only shard I of N of the selected outboxes (by a stable hash
+    /// of database and table), e.g. 2/4 or $JOB_COMPLETION_INDEX/4.
+    #[arg(long, env = "OUTBOX_SHARD", value_name = "I/N", global = true,
+          value_parser = parse_shard)]
+    pub shard: Option<Shard>,
+
+    /// PostgreSQL sessions a run may hold at once, over every database.
+    #[arg(long, env = "OUTBOX_MAX_CONNECTIONS", default_value_t = 8, global = true,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub max_connections: u32,
 
     /// A row with attempts >= N is dead: never claimed again.
     #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = DEFAULT_MAX_ATTEMPTS, global = true,
@@ -294,6 +318,29 @@ pub struct PollArgs {
     /// After the run, write Prometheus gauges to this file (written, then renamed).
     #[arg(long, env = "OUTBOX_METRICS_FILE", value_name = "PATH")]
     pub metrics_file: Option<PathBuf>,
+}
+
+/// `--shard I/N`: this run serves shard `index` of `count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u32,
+    pub count: u32,
+}
+
+/// `I/N` with N at least 1 and I in 0..N: anything else is a usage error.
+fn parse_shard(text: &str) -> Result<Shard, String> {
+    let usage = "expected I/N with 0 <= I < N, e.g. 0/4 (I may be $JOB_COMPLETION_INDEX)";
+    let (index, count) = text.split_once('/').ok_or(usage)?;
+    let (Ok(index), Ok(count)) = (index.trim().parse::<u32>(), count.trim().parse::<u32>()) else {
+        return Err(usage.into());
+    };
+    if count == 0 || index >= count {
+        return Err(format!(
+            "shard {index} is outside 0..{}: {usage}",
+            count.max(1) - 1
+        ));
+    }
+    Ok(Shard { index, count })
 }
 
 /// What a batch does with the events the broker confirmed.
@@ -393,6 +440,15 @@ mod tests {
         assert_eq!(error.kind(), ErrorKind::MissingRequiredArgument);
         assert!(parse(&["outbox-poll", "--follow", "--max-duration", "55s"]).is_ok());
         assert!(parse(&["outbox-poll", "--max-duration", "55s"]).is_ok());
+    }
+
+    #[test]
+    fn a_shard_is_an_index_below_its_count() {
+        assert_eq!(parse_shard("2/4"), Ok(Shard { index: 2, count: 4 }));
+        assert_eq!(parse_shard("0/1"), Ok(Shard { index: 0, count: 1 }));
+        for bad in ["4/4", "-1/4", "1/0", "1", "a/b", "1/4/5"] {
+            assert!(parse_shard(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

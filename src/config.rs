@@ -22,7 +22,7 @@ use crate::sql::table::TableName;
 const MAX_EXCHANGE_BYTES: usize = 255;
 /// How long a transaction may idle, beyond the broker's own time limits,
 /// before the server ends it and frees its rows.
-const IDLE_MARGIN: Duration = Duration::from_secs(30);
+pub const IDLE_MARGIN: Duration = Duration::from_secs(30);
 /// Events a drain with a backlog keeps in flight: a batch's confirms come
 /// back only after the broker has written it, and a few hundred messages
 /// behind it keep the broker busy meanwhile (see README, Performance).
@@ -110,6 +110,23 @@ impl Database {
 
 impl Relay {
     pub fn from_cli(cli: &Cli, database: &Database) -> Result<Self> {
+        Relay::for_sessions(
+            cli,
+            database.connect_timeout,
+            database.connect_budget(),
+            database.conninfo.targets.len(),
+        )
+    }
+
+    /// As `from_cli`, for sessions whose connect takes at most
+    /// `session_connect_budget`, over at most `hosts` hosts: those of the
+    /// one database, or the longest of a `--databases` file's.
+    pub fn for_sessions(
+        cli: &Cli,
+        connect_timeout: Duration,
+        session_connect_budget: Duration,
+        hosts: usize,
+    ) -> Result<Self> {
         let args: &PollArgs = &cli.poll;
         // The file variable and the flag exclude each other (environment.rs).
         let from_file = secrets::read(&secrets::AMQP)?;
@@ -129,10 +146,10 @@ impl Relay {
                 nodes,
                 exchange: args.exchange.clone(),
                 declare_exchange: args.declare_exchange,
-                connect_timeout: database.connect_timeout,
+                connect_timeout,
                 confirm_timeout: args.confirm_timeout,
             },
-            session_connect_budget: database.connect_budget(),
+            session_connect_budget,
             batch_size: i64::from(args.batch_size),
             // At most 1 GiB, checked by clap.
             batch_bytes: i64::try_from(args.batch_bytes).unwrap_or(i64::MAX),
@@ -159,7 +176,7 @@ impl Relay {
                 "--connect-timeout and --confirm-timeout, over {} database host(s) and {} \
                  broker node(s), make the idle-in-transaction limit {} longer than \
                  PostgreSQL can hold ({}): lower --connect-timeout or --confirm-timeout",
-                database.conninfo.targets.len(),
+                hosts,
                 relay.broker.nodes.len(),
                 humantime::format_duration(idle),
                 humantime::format_duration(MAX_IDLE_LIMIT)

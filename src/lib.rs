@@ -30,6 +30,7 @@ pub mod connect;
 pub mod environment;
 pub mod exit;
 pub mod guard;
+pub mod plan;
 pub mod relay;
 pub mod report;
 pub mod sql;

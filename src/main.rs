@@ -6,10 +6,12 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use outbox_poll::cli::{Cli, Command};
+use outbox_poll::commands;
 use outbox_poll::commands::{generate, migrate, prune, requeue, status, wait};
 use outbox_poll::config::{Database, Relay};
 use outbox_poll::connect::libpq::process_env;
 use outbox_poll::exit::{self, Exit};
+use outbox_poll::plan::Selection;
 use outbox_poll::report::stderr;
 use outbox_poll::{environment, relay, report};
 
@@ -33,6 +35,13 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<Exit> {
+    // Many outboxes: a --table list or pattern, --databases or --shard.
+    match Selection::from_args(&cli.database, &process_env) {
+        Ok(Some(selection)) => return many(cli, selection),
+        Ok(None) => {}
+        Err(error) if cli.command.is_none() => return relay::many::run(cli.json, Err(error)),
+        Err(error) => return Err(error),
+    }
     let database = Database::from_args(&cli.database, &process_env);
     match &cli.command {
         None => {
@@ -50,4 +59,53 @@ fn run(cli: &Cli) -> Result<Exit> {
         Some(Command::Completions { shell }) => generate::completions(*shell),
         Some(Command::Man) => generate::man(),
     }
+}
+
+/// A command over the outboxes of a selection.
+fn many(cli: &Cli, selection: Selection) -> Result<Exit> {
+    match &cli.command {
+        None => {
+            let relay = Relay::for_sessions(
+                cli,
+                selection.connect_timeout,
+                selection.connect_budget(),
+                selection.most_hosts(),
+            );
+            relay::many::run(cli.json, relay.map(|relay| (selection, relay)))
+        }
+        Some(Command::Status(args)) => status::run_many(&selection, cli.json, args),
+        Some(Command::Migrate(args)) => each(&selection, |database| migrate::run(database, args)),
+        Some(Command::Requeue(args)) => each(&selection, |database| {
+            requeue::run(database, cli.json, args)
+        }),
+        Some(Command::Prune(args)) => {
+            each(&selection, |database| prune::run(database, cli.json, args))
+        }
+        Some(Command::Wait(args)) => {
+            each(&selection, |database| wait::run(database, cli.json, args))
+        }
+        Some(Command::Completions { shell }) => generate::completions(*shell),
+        Some(Command::Man) => generate::man(),
+    }
+}
+
+/// A subcommand run on each outbox of the selection in turn; a failing
+/// outbox is told on stderr (naming its database and table) and the
+/// others go on. The exit is the most urgent of theirs.
+fn each(selection: &Selection, command: impl Fn(&Database) -> Result<Exit>) -> Result<Exit> {
+    let mut exits = Vec::new();
+    let (outboxes, plan) = commands::each(selection)?;
+    // Each subcommand opens its own session.
+    drop(plan);
+    for (database, label) in outboxes {
+        let exit = match database.and_then(|database| command(&database)) {
+            Ok(exit) => exit,
+            Err(error) => {
+                stderr::line(&format!("outbox-poll: error: database {label}: {error:#}"));
+                Exit::of(&error)
+            }
+        };
+        exits.push(exit);
+    }
+    Ok(relay::many::most_urgent(exits.into_iter()))
 }

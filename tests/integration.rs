@@ -16,6 +16,7 @@ mod errors;
 mod faults;
 mod follow;
 mod generated;
+mod many;
 mod memory;
 mod message_columns;
 mod metrics;

@@ -27,6 +27,10 @@ pub struct Broker {
     publisher: Option<Publisher>,
     /// A signal ends the connect at once.
     stop: Stop,
+    /// The broker itself failed the last batch: a send that could not
+    /// connect or was refused, or an outage. A run over many outboxes
+    /// stops there, rather than fail every outbox for the same reason.
+    failed: bool,
 }
 
 impl Broker {
@@ -35,6 +39,7 @@ impl Broker {
             config,
             publisher: None,
             stop,
+            failed: false,
         }
     }
 
@@ -43,9 +48,18 @@ impl Broker {
     pub fn send(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
         let publisher = match self.publisher.take() {
             Some(publisher) => publisher,
-            None => Publisher::connect(&self.config, &self.stop)?,
+            None => {
+                Publisher::connect(&self.config, &self.stop).inspect_err(|_| self.failed = true)?
+            }
         };
-        self.publisher.insert(publisher).send(events, ordered)
+        let sent = self.publisher.insert(publisher).send(events, ordered);
+        self.failed = sent.is_err();
+        sent
+    }
+
+    /// Whether the broker itself failed the last batch (see `failed`).
+    pub fn failed(&self) -> bool {
+        self.failed
     }
 
     /// What the broker said about a batch `send` handed it. A batch is sent
@@ -53,13 +67,15 @@ impl Broker {
     /// follow's `disconnect`, never with a batch in flight); without one
     /// nothing could have been confirmed.
     pub fn outcome(&mut self, sent: Sent, events: &[Event]) -> Outcome {
-        match self.publisher.as_mut() {
+        let outcome = match self.publisher.as_mut() {
             Some(publisher) => publisher.outcome(sent, events),
             None => Outcome {
                 outage: Some(anyhow!("no broker connection to finish the batch on")),
                 ..Outcome::default()
             },
-        }
+        };
+        self.failed |= outcome.outage.is_some();
+        outcome
     }
 
     pub fn close(mut self) {

@@ -6,7 +6,9 @@ use anyhow::Result;
 use postgres::Client;
 
 use crate::config::Database;
+use crate::connect::conninfo::ConnInfo;
 use crate::connect::database;
+use crate::plan::{Plan, Selection};
 
 pub mod generate;
 pub mod migrate;
@@ -26,4 +28,37 @@ fn connect(database: &Database) -> Result<Client> {
         database.command_idle_limit(),
         None,
     )
+}
+
+/// One outbox of a selection for a subcommand: its Database or why it
+/// could not be read, and its name for messages.
+pub type Each = (Result<Database>, String);
+
+/// Each outbox of a selection, as a subcommand serves it: its Database,
+/// or why it could not be read (a database down, a listed table missing),
+/// each with its name for messages (database and table, never a
+/// password). The sessions the plan opened are handed back with them.
+pub fn each(selection: &Selection) -> Result<(Vec<Each>, Plan)> {
+    let connect = |info: &ConnInfo| {
+        database::connect(
+            info,
+            selection.connect_timeout,
+            crate::config::IDLE_MARGIN + selection.connect_timeout,
+            None,
+        )
+    };
+    let mut plan = selection.plan(false, &connect)?;
+    let mut all = Vec::new();
+    for unread in plan.unread.drain(..) {
+        let name = match &unread.table {
+            Some(table) => format!("{}, table {table}", unread.label),
+            None => unread.label,
+        };
+        all.push((Err(unread.error), name));
+    }
+    for planned in &plan.outboxes {
+        let name = format!("{}, table {}", planned.label, planned.database.table);
+        all.push((Ok(planned.database.clone()), name));
+    }
+    Ok((all, plan))
 }

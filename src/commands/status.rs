@@ -11,6 +11,7 @@ use crate::cli::StatusArgs;
 use crate::config::Database;
 use crate::exit::Exit;
 use crate::guard::watchdog::Watchdog;
+use crate::plan::Selection;
 use crate::report::{plural, stderr, stdout};
 use crate::sql::figures::{self, Figures, HeldBack, HeldKey};
 use crate::sql::table::TableName;
@@ -49,6 +50,102 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
         true => Exit::Success,
         false => Exit::EventsFailed,
     })
+}
+
+/// `status` over the outboxes of a selection: each one's figures (as
+/// the contract's object, in `outboxes` with `--json`), and the totals
+/// over them. An outbox that cannot be read is told on stderr and makes
+/// the exit its own (69, 78); the others are still reported.
+pub fn run_many(selection: &Selection, json: bool, args: &StatusArgs) -> Result<Exit> {
+    let outboxes = u32::try_from(selection.servers.len() * 2 + 4).unwrap_or(u32::MAX);
+    let _watchdog = Watchdog::for_command(selection.connect_budget(), outboxes, "status")?;
+    let (all, mut plan) = super::each(selection)?;
+    let mut total = Figures::default();
+    let mut each = Vec::new();
+    let mut exits = Vec::new();
+    for (database, name) in all {
+        let figures = database.and_then(|database| {
+            let at = plan
+                .clients
+                .iter()
+                .position(|(server, _)| selection.servers[*server].conninfo == database.conninfo);
+            let figures = match at {
+                Some(at) => figures::of_table(
+                    &mut plan.clients[at].1,
+                    &database.table,
+                    database.max_attempts,
+                ),
+                None => {
+                    let mut client = super::connect(&database)?;
+                    figures::of_table(&mut client, &database.table, database.max_attempts)
+                }
+            };
+            Ok((database, figures?))
+        });
+        match figures {
+            Ok((database, figures)) => {
+                total = Figures::sum(&[(String::new(), total), (String::new(), figures)]);
+                let crossed = thresholds_crossed(&figures, args);
+                for line in &crossed {
+                    stderr::line(&format!("outbox-poll: {line} in {name}"));
+                }
+                exits.push(match crossed.is_empty() {
+                    true => Exit::Success,
+                    false => Exit::EventsFailed,
+                });
+                each.push((name, database, figures));
+            }
+            Err(error) => {
+                stderr::line(&format!("outbox-poll: error: {name}: {error:#}"));
+                exits.push(Exit::of(&error));
+            }
+        }
+    }
+    let text = match json {
+        true => {
+            let mut object = total.to_json();
+            object["oldest_due_age_s"] = total.oldest_due_age_s.into();
+            if each.len() > 1 {
+                let outboxes: Vec<serde_json::Value> = each
+                    .iter()
+                    .map(|(_, database, figures)| {
+                        let mut one = serde_json::json!({
+                            "database": crate::plan::label(&database.conninfo),
+                            "table": database.table.to_string(),
+                        });
+                        for (key, value) in figures.to_json().as_object().into_iter().flatten() {
+                            one[key] = value.clone();
+                        }
+                        one["oldest_due_age_s"] = figures.oldest_due_age_s.into();
+                        one
+                    })
+                    .collect();
+                object["outboxes"] = outboxes.into();
+            }
+            format!("{object}\n")
+        }
+        false => {
+            let mut text = String::new();
+            for (name, _, figures) in &each {
+                text.push_str(&format!(
+                    "{name}: pending {}, due {}, retrying {}, dead {}, expired {}\n",
+                    figures.pending, figures.due, figures.retrying, figures.dead, figures.expired
+                ));
+            }
+            text.push_str(&format!(
+                "total over {} outbox(es): pending {}, due {}, retrying {}, dead {}, expired {}\n",
+                each.len(),
+                total.pending,
+                total.due,
+                total.retrying,
+                total.dead,
+                total.expired
+            ));
+            text
+        }
+    };
+    stdout::write(text.as_bytes()).map_err(stdout::unwritable)?;
+    Ok(crate::relay::many::most_urgent(exits.into_iter()))
 }
 
 /// What status reports beyond the contract's five figures.

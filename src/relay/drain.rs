@@ -66,8 +66,8 @@ const HEAD_EVERY: Duration = Duration::from_secs(1);
 /// last key the drain claimed: the keys right after it are those its
 /// batches in flight do not hold. Each of its claims goes round every key,
 /// so none is passed over. --ordered always claims from the head.
-struct Claims {
-    from: Option<i64>,
+pub(super) struct Claims {
+    pub(super) from: Option<i64>,
     key: Option<String>,
     head_at: Instant,
     /// The last claim was a full batch: a backlog is waiting, worth another
@@ -76,7 +76,7 @@ struct Claims {
 }
 
 impl Claims {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Claims {
             from: None,
             key: None,
@@ -86,7 +86,7 @@ impl Claims {
     }
 
     /// Where the next claim starts, in the run's order.
-    fn next(&self, order: Order) -> Start {
+    pub(super) fn next(&self, order: Order) -> Start {
         match order {
             Order::Plain => match self.from.filter(|_| self.head_at.elapsed() < HEAD_EVERY) {
                 Some(id) => Start::Id(id),
@@ -98,7 +98,7 @@ impl Claims {
     }
 
     /// After a claim from `start` that returned `batch`.
-    fn claimed(&mut self, start: &Start, batch: &InFlight, batch_size: i64) {
+    pub(super) fn claimed(&mut self, start: &Start, batch: &InFlight, batch_size: i64) {
         if *start == Start::Head {
             self.head_at = Instant::now();
         }
@@ -328,7 +328,7 @@ fn bytes(flight: &Flight) -> i64 {
 /// head; on a healthy server both claims take milliseconds, and one that
 /// takes most of a statement timeout to find nothing is what this bound is
 /// for.
-fn batch_budget(relay: &Relay) -> Duration {
+pub(super) fn batch_budget(relay: &Relay) -> Duration {
     relay.broker.connect_budget()
         + relay.broker.connect_timeout
         + relay.broker.confirm_timeout

@@ -12,6 +12,7 @@
 pub mod batch;
 pub mod drain;
 pub mod follow;
+pub mod many;
 pub mod session;
 
 use std::time::{Duration, Instant};
@@ -33,7 +34,7 @@ use crate::report::totals::Totals;
 
 /// Closing the broker connection is bounded in `Publisher::close`, and
 /// writing the metrics file is local; this only catches one that hangs.
-const CLOSE_BUDGET: Duration = Duration::from_secs(5);
+pub(crate) const CLOSE_BUDGET: Duration = Duration::from_secs(5);
 
 /// Runs the poll command and returns its exit. With --json the summary is
 /// printed whatever the outcome, configuration errors included.

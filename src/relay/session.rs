@@ -45,26 +45,49 @@ pub enum Uncommitted {
 pub struct Session {
     pub client: Client,
     outbox: Outbox,
+    /// A run over many outboxes: the statements prepared for the other
+    /// tables of this database that the session served, kept for their
+    /// next turn.
+    others: Vec<Outbox>,
 }
 
 impl Session {
     /// Connects (a signal ends the wait at once) and prepares the relay's
     /// statements.
     pub fn open(database: &Database, relay: &Relay, stop: &Stop) -> Result<Self> {
-        let mut client = database::connect(
-            &generic_plans(&database.conninfo),
-            database.connect_timeout,
-            relay.batch_idle_limit(),
-            Some(stop),
-        )?;
-        let outbox = Outbox::prepare(
-            &mut client,
-            &database.table,
-            database.max_attempts,
-            relay.order(),
-            relay.on_publish,
-        )?;
-        Ok(Session { client, outbox })
+        let client = connect(&database.conninfo, database.connect_timeout, relay, stop)?;
+        Session::with_client(client, database, relay)
+    }
+
+    /// Prepares the relay's statements for `database`'s table on a session
+    /// already open (see `connect`).
+    pub fn with_client(mut client: Client, database: &Database, relay: &Relay) -> Result<Self> {
+        let outbox = prepare(&mut client, database, relay)?;
+        Ok(Session {
+            client,
+            outbox,
+            others: Vec::new(),
+        })
+    }
+
+    /// Makes `database`'s table (in this session's database) the one the
+    /// next batch claims from, preparing its statements the first time.
+    /// Only between batches: the marks apply to the current table's claim.
+    pub fn serve(&mut self, database: &Database, relay: &Relay) -> Result<()> {
+        if *self.outbox.table() == database.table {
+            return Ok(());
+        }
+        let outbox = match self
+            .others
+            .iter()
+            .position(|outbox| *outbox.table() == database.table)
+        {
+            Some(at) => self.others.swap_remove(at),
+            None => prepare(&mut self.client, database, relay)?,
+        };
+        let previous = std::mem::replace(&mut self.outbox, outbox);
+        self.others.push(previous);
+        Ok(())
     }
 
     pub fn begin(&mut self) -> Result<()> {
@@ -153,6 +176,32 @@ impl Session {
         outbox.mark_declined(&mut self.client, &outcome.declined, NACKED)?;
         outbox.mark_expired(&mut self.client, expired)
     }
+}
+
+/// A relay session, its statements not prepared yet: plans generic, each
+/// transaction bounded for a batch (a signal ends the connect at once).
+pub fn connect(
+    info: &ConnInfo,
+    connect_timeout: std::time::Duration,
+    relay: &Relay,
+    stop: &Stop,
+) -> Result<Client> {
+    database::connect(
+        &generic_plans(info),
+        connect_timeout,
+        relay.batch_idle_limit(),
+        Some(stop),
+    )
+}
+
+fn prepare(client: &mut Client, database: &Database, relay: &Relay) -> Result<Outbox> {
+    Outbox::prepare(
+        client,
+        &database.table,
+        database.max_attempts,
+        relay.order(),
+        relay.on_publish,
+    )
 }
 
 /// The startup option that makes a session plan generically (see above).

@@ -24,6 +24,7 @@ use postgres::Client;
 
 use crate::config::{Database, Relay};
 use crate::exit::{self, Exit};
+use crate::relay::many::Outcome;
 use crate::report::stderr;
 use crate::report::totals::Totals;
 use crate::sql::figures::{self, Figures};
@@ -95,6 +96,70 @@ pub fn after_run(
         },
         backlog.as_ref(),
     );
+    match (write_atomically(path, &text), result) {
+        (Ok(()), result) => result,
+        (Err(error), Ok(Exit::Success)) => Err(exit::config(error)),
+        (Err(error), result) => {
+            stderr::line(&format!("outbox-poll: warning: {error:#}"));
+            result
+        }
+    }
+}
+
+/// As `after_run`, for a run over many outboxes: the run's gauges for
+/// each outbox, labelled with its database and table (no backlog: that
+/// would be a status query on every table of the selection).
+pub fn after_many(
+    relay: &Relay,
+    outboxes: &[Outcome],
+    totals: &Totals,
+    started: Instant,
+    result: Result<Exit>,
+) -> Result<Exit> {
+    let Some(path) = &relay.metrics_file else {
+        return result;
+    };
+    let ended = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let duration_s = started.elapsed().as_secs_f64();
+    let runs: Vec<(String, Run)> = outboxes
+        .iter()
+        .map(|outbox| {
+            let label = format!(
+                "{{database=\"{}\",table=\"{}\"}}",
+                escape_label(&outbox.database),
+                escape_label(&outbox.table)
+            );
+            let run = Run {
+                ended,
+                code: outbox.exit.code(),
+                duration_s,
+                totals: outbox.totals,
+            };
+            (label, run)
+        })
+        .collect();
+    log::debug!(
+        "metrics of {} outboxes, {} claimed",
+        runs.len(),
+        totals.claimed
+    );
+    let mut text = String::new();
+    let all: Vec<[Gauge; 9]> = runs.iter().map(|(_, run)| run_gauges(run)).collect();
+    for gauge in 0..9 {
+        let Some((name, help, _)) = all.first().map(|gauges| &gauges[gauge]) else {
+            break;
+        };
+        let _ = write!(
+            text,
+            "# HELP outbox_poll_{name} {help}\n# TYPE outbox_poll_{name} gauge\n"
+        );
+        for ((label, _), gauges) in runs.iter().zip(&all) {
+            let _ = writeln!(text, "outbox_poll_{name}{label} {}", gauges[gauge].2);
+        }
+    }
     match (write_atomically(path, &text), result) {
         (Ok(()), result) => result,
         (Err(error), Ok(Exit::Success)) => Err(exit::config(error)),

@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::exit::Exit;
+use crate::relay::many::Outcome;
 use crate::report::stderr;
 use crate::report::stdout;
 use crate::report::totals::Totals;
@@ -28,9 +29,55 @@ pub fn after_run(totals: &Totals, started: Instant, result: Result<Exit>) -> Res
     }
 }
 
+/// As `after_run`, for a run over many outboxes: with more than one, the
+/// totals are followed by `outboxes`, one object for each.
+pub fn after_many(
+    totals: &Totals,
+    outboxes: &[Outcome],
+    started: Instant,
+    result: Result<Exit>,
+) -> Result<Exit> {
+    let mut summary = object(totals, started, Exit::of_result(&result));
+    if outboxes.len() > 1 {
+        let each: Vec<serde_json::Value> = outboxes
+            .iter()
+            .map(|outbox| {
+                let totals = &outbox.totals;
+                serde_json::json!({
+                    "database": outbox.database,
+                    "table": outbox.table,
+                    "claimed": totals.claimed,
+                    "published": totals.published,
+                    "failed": totals.failed,
+                    "batches": totals.batches,
+                    "exit_code": outbox.exit.code(),
+                    "unknown": totals.unknown,
+                    "expired": totals.expired,
+                })
+            })
+            .collect();
+        summary["outboxes"] = each.into();
+    }
+    match (stdout::line(&summary.to_string()), result) {
+        (Ok(()), result) => result,
+        (Err(error), Ok(Exit::Success)) => Err(stdout::unwritable(error)),
+        (Err(error), result) => {
+            stderr::line(&format!(
+                "outbox-poll: warning: cannot write the JSON summary to stdout: {error}"
+            ));
+            result
+        }
+    }
+}
+
 /// The summary object, as the run ends with `exit`.
 pub fn print(totals: &Totals, started: Instant, exit: Exit) -> std::io::Result<()> {
-    let summary = serde_json::json!({
+    stdout::line(&object(totals, started, exit).to_string())
+}
+
+/// The totals' fields, in the contract's order.
+fn object(totals: &Totals, started: Instant, exit: Exit) -> serde_json::Value {
+    serde_json::json!({
         "claimed": totals.claimed,
         "published": totals.published,
         "failed": totals.failed,
@@ -39,6 +86,5 @@ pub fn print(totals: &Totals, started: Instant, exit: Exit) -> std::io::Result<(
         "exit_code": exit.code(),
         "unknown": totals.unknown,
         "expired": totals.expired,
-    });
-    stdout::line(&summary.to_string())
+    })
 }

@@ -15,3 +15,15 @@ pub struct Totals {
     /// can tell, so they are counted neither as published nor as failed.
     pub unknown: u64,
 }
+
+impl Totals {
+    /// Adds another's figures: a run's totals over its outboxes.
+    pub fn add(&mut self, other: &Totals) {
+        self.claimed += other.claimed;
+        self.published += other.published;
+        self.failed += other.failed;
+        self.expired += other.expired;
+        self.batches += other.batches;
+        self.unknown += other.unknown;
+    }
+}

@@ -254,6 +254,11 @@ impl Outbox {
         Ok(outbox)
     }
 
+    /// The table these statements are about.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
     fn prepare_marks(&mut self, client: &mut Client) -> Result<()> {
         if self.marks.is_some() {
             return Ok(());

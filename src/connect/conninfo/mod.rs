@@ -405,6 +405,19 @@ pub fn resolve(
     build(&params, files, account, home.as_deref())
 }
 
+/// The PG* variables a connection string stands for, keyword by keyword:
+/// a `--databases` line takes what it leaves out from `--database-url`
+/// this way, as libpq would from the variables.
+pub fn as_variables(text: &str) -> Result<Vec<(&'static str, String)>> {
+    let mut variables = Vec::new();
+    for (key, value) in parse_connection_string(text)? {
+        if let Some((_, Some(var))) = KEYWORDS.iter().find(|(name, _)| *name == key) {
+            variables.push((*var, value));
+        }
+    }
+    Ok(variables)
+}
+
 /// Where a parameter's value came from, to name it in an error.
 #[derive(Debug, Clone)]
 enum Origin {

@@ -1,0 +1,591 @@
+//! Many outboxes in one run: --table lists and patterns over real tenant
+//! schemas, a second database (created here) through --databases with a
+//! service= line, --shard, fairness between a backlog and small outboxes,
+//! isolation of an unreachable database and a broken table, the exit code
+//! over the outboxes, and the JSON summary's `outboxes`.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use postgres::{Client, NoTls};
+
+use crate::common::proxy::Proxy;
+use crate::common::scratch::Scratch;
+use crate::common::{Fixture, Run, connect_db, database_addr, database_url_in, database_url_via};
+
+/// Tenant schemas beside a fixture's own (`<schema>_<name>`, each with a
+/// migrated outbox), dropped with it.
+struct Tenants {
+    prefix: String,
+    /// Each tenant's schema and the database URL it lives in.
+    made: Vec<(String, String)>,
+}
+
+impl Tenants {
+    fn of(fx: &Fixture) -> Tenants {
+        let mut prefix = fx.schema.clone();
+        prefix.truncate(54);
+        Tenants {
+            prefix,
+            made: Vec::new(),
+        }
+    }
+
+    /// The pattern that matches every tenant's outbox.
+    fn pattern(&self) -> String {
+        format!("{}_*.outbox", self.prefix)
+    }
+
+    /// A tenant's table name.
+    fn table(&self, name: &str) -> String {
+        format!("{}_{name}.outbox", self.prefix)
+    }
+
+    /// Creates tenant `name` in the database of `url`, with `events`
+    /// events named `<name>-<n>`.
+    fn add(&mut self, fx: &Fixture, url: &str, name: &str, events: i64) {
+        let schema = format!("{}_{name}", self.prefix);
+        let mut db = Client::connect(url, NoTls).unwrap();
+        db.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\""
+        ))
+        .unwrap();
+        self.made.push((schema.clone(), url.to_string()));
+        let table = format!("{schema}.outbox");
+        let run = fx.run_with(&[("DATABASE_URL", url)], &["--table", &table, "migrate"]);
+        assert_eq!(run.code, 0, "migrate {table}: {}", run.stderr);
+        insert(&mut db, &table, name, events);
+    }
+}
+
+impl Drop for Tenants {
+    fn drop(&mut self) {
+        for (schema, url) in &self.made {
+            if let Ok(mut db) = Client::connect(url, NoTls) {
+                let _ = db.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"));
+            }
+        }
+    }
+}
+
+fn insert(db: &mut Client, table: &str, name: &str, events: i64) {
+    let (schema, _) = table.split_once('.').unwrap();
+    db.execute(
+        &format!(
+            "INSERT INTO \"{schema}\".outbox (event_id, event_type, payload) \
+             SELECT $1 || '-' || g, 'order.created', '{{}}' FROM generate_series(1, $2::bigint) g"
+        ),
+        &[&name, &events],
+    )
+    .unwrap();
+}
+
+/// A database of its own on the shared server, dropped with it.
+struct OwnDatabase {
+    name: String,
+}
+
+impl OwnDatabase {
+    fn create(fx: &Fixture, suffix: &str) -> OwnDatabase {
+        let mut name = format!("{}_{suffix}", fx.schema);
+        name.truncate(63);
+        let mut db = connect_db();
+        db.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+            .unwrap();
+        db.batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE template0"))
+            .unwrap();
+        OwnDatabase { name }
+    }
+
+    fn url(&self) -> String {
+        database_url_in(&self.name)
+    }
+}
+
+impl Drop for OwnDatabase {
+    fn drop(&mut self) {
+        let _ = connect_db().batch_execute(&format!(
+            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+            self.name
+        ));
+    }
+}
+
+/// How many messages of each tenant (the event id's prefix) arrived.
+fn per_tenant(fx: &Fixture) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for message in fx.messages() {
+        let (tenant, _) = message.message_id.split_once('-').unwrap();
+        *counts.entry(tenant.to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The summary's `outboxes`, by table: (database, exit_code, published).
+fn outboxes(run: &Run) -> HashMap<String, (String, i64, i64)> {
+    let summary = run.summary();
+    let list = summary["outboxes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no outboxes in {}", run.stdout));
+    list.iter()
+        .map(|outbox| {
+            (
+                outbox["table"].as_str().unwrap().to_string(),
+                (
+                    outbox["database"].as_str().unwrap().to_string(),
+                    outbox["exit_code"].as_i64().unwrap(),
+                    outbox["published"].as_i64().unwrap(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// host:port/dbname of the shared test database, as the summary names it.
+fn label_of(dbname: &str) -> String {
+    let addr = database_addr();
+    format!("{}:{}/{dbname}", addr.ip(), addr.port())
+}
+
+#[test]
+fn a_pattern_serves_every_tenant_schema_and_a_tenant_created_later_is_served_by_the_next_run() {
+    let fx = Fixture::bare("many_pattern");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 3);
+    tenants.add(&fx, &url, "b", 2);
+    let pattern = tenants.pattern();
+    let run = fx.run(&["--table", &pattern, "--json"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(run.field("published"), 5);
+    assert_eq!(
+        per_tenant(&fx),
+        HashMap::from([("a".into(), 3), ("b".into(), 2)])
+    );
+    tenants.add(&fx, &url, "c", 4);
+    let run = fx.run(&["--table", &pattern, "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(per_tenant(&fx), HashMap::from([("c".into(), 4)]));
+    let listed = outboxes(&run);
+    assert_eq!(listed.len(), 3, "{}", run.stdout);
+    assert_eq!(listed[&tenants.table("c")].2, 4);
+    assert_eq!(listed[&tenants.table("a")].2, 0);
+}
+
+#[test]
+fn a_list_takes_names_and_patterns_and_a_pattern_that_matches_nothing_is_no_error() {
+    let fx = Fixture::bare("many_list");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 1);
+    tenants.add(&fx, &url, "b", 1);
+    tenants.add(&fx, &url, "c", 1);
+    let list = format!(
+        "{},{}_nobody*.outbox,{}_[bx].outbox",
+        tenants.table("a"),
+        tenants.prefix,
+        tenants.prefix
+    );
+    let run = fx.run(&["--table", &list, "--json"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    assert_eq!(
+        per_tenant(&fx),
+        HashMap::from([("a".into(), 1), ("b".into(), 1)])
+    );
+}
+
+#[test]
+fn a_selection_that_matches_no_table_at_all_exits_78_naming_it() {
+    let fx = Fixture::bare("many_none");
+    let pattern = format!("{}_nobody*.outbox", fx.schema);
+    let run = fx.run(&["--table", &pattern, "--json"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert!(run.stderr.contains("matches no table"), "{}", run.stderr);
+    assert!(run.stderr.contains(&pattern), "{}", run.stderr);
+    assert_eq!(run.field("exit_code"), 78);
+}
+
+#[test]
+fn a_databases_file_serves_a_second_database_through_a_service_line() {
+    let fx = Fixture::bare("many_dbs");
+    let second = OwnDatabase::create(&fx, "2nd");
+    let mut tenants = Tenants::of(&fx);
+    tenants.add(&fx, &fx.database_url.clone(), "a", 2);
+    tenants.add(&fx, &second.url(), "b", 3);
+    let dir = Scratch::new("many_dbs");
+    // The service names only the database: host, port and user come from
+    // --database-url, the defaults of every line.
+    let services = dir.write(
+        "pg_service.conf",
+        &format!("[tenants]\ndbname={}\n", second.name),
+    );
+    let file = dir.write(
+        "databases",
+        &format!(
+            "# the shared database\n{}\n\n   service=tenants\n",
+            fx.database_url
+        ),
+    );
+    let (services, file) = (services.display().to_string(), file.display().to_string());
+    let run = fx.run_with(
+        &[("PGSERVICEFILE", &services)],
+        &[
+            "--databases",
+            &file,
+            "--table",
+            &tenants.pattern(),
+            "--json",
+        ],
+    );
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(
+        per_tenant(&fx),
+        HashMap::from([("a".into(), 2), ("b".into(), 3)])
+    );
+    let listed = outboxes(&run);
+    assert_eq!(listed[&tenants.table("b")].0, label_of(&second.name));
+    assert_eq!(listed[&tenants.table("a")].0, label_of("test"));
+}
+
+#[test]
+fn an_unreachable_database_fails_alone_with_69_while_the_others_publish() {
+    let fx = Fixture::bare("many_down");
+    let mut tenants = Tenants::of(&fx);
+    tenants.add(&fx, &fx.database_url.clone(), "a", 2);
+    // A tenant database reached through a proxy that stops answering.
+    let proxy = Proxy::start(database_addr());
+    proxy.stall();
+    let dir = Scratch::new("many_down");
+    let file = dir.write(
+        "databases",
+        &format!("{}\n{}\n", database_url_via(proxy.port()), fx.database_url),
+    );
+    let file = file.display().to_string();
+    let args = [
+        "--databases",
+        &file,
+        "--table",
+        &tenants.pattern(),
+        "--connect-timeout",
+        "1s",
+        "--json",
+    ];
+    let run = fx.run(&args);
+    assert_eq!(run.code, 69, "{}", run.stderr);
+    assert_eq!(per_tenant(&fx), HashMap::from([("a".into(), 2)]));
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    let unreachable = format!("database 127.0.0.1:{}/test", proxy.port());
+    assert!(lines[0].starts_with("outbox-poll: error: "), "{}", lines[0]);
+    assert!(lines[0].contains(&unreachable), "{}", lines[0]);
+    assert_eq!(run.summary()["outboxes"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn a_broken_table_exits_78_naming_its_database_and_table_while_the_others_publish() {
+    let mut fx = Fixture::bare("many_broken");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    tenants.add(&fx, &url, "b", 2);
+    tenants.add(&fx, &url, "c", 2);
+    let broken = tenants.table("b");
+    fx.execute(&format!(
+        "ALTER TABLE \"{}_b\".outbox DROP COLUMN last_error",
+        tenants.prefix
+    ));
+    let run = fx.run(&["--table", &tenants.pattern(), "--json"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_eq!(
+        per_tenant(&fx),
+        HashMap::from([("a".into(), 2), ("c".into(), 2)])
+    );
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(
+        lines[0].contains(&format!("database {}", label_of("test"))),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].contains(&format!("table {broken}")),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains("last_error"), "{}", lines[0]);
+    let listed = outboxes(&run);
+    assert_eq!(listed[&broken].1, 78);
+    assert_eq!(listed[&tenants.table("a")].1, 0);
+}
+
+#[test]
+fn the_exit_code_is_the_most_urgent_over_the_outboxes_78_then_69_then_1() {
+    let mut fx = Fixture::bare("many_exit");
+    let mut db = fx.connect();
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "ok", 1);
+    // Events no queue takes: they fail (exit 1).
+    tenants.add(&fx, &url, "fail", 1);
+    let prefix = tenants.prefix.clone();
+    fx.execute(&format!(
+        "UPDATE \"{prefix}_fail\".outbox SET event_type = 'nowhere'"
+    ));
+    fx.route_only("order.#");
+    tenants.add(&fx, &url, "broken", 1);
+    let proxy = Proxy::start(database_addr());
+    proxy.stall();
+    let dir = Scratch::new("many_exit");
+    let write = |name: &str, down: bool| {
+        let mut lines = vec![url.clone()];
+        if down {
+            lines.push(database_url_via(proxy.port()));
+        }
+        dir.write(name, &(lines.join("\n") + "\n"))
+            .display()
+            .to_string()
+    };
+    let (with_down, without) = (write("down", true), write("up", false));
+    let run = |file: &str, table: &str| {
+        let args = [
+            "--databases",
+            file,
+            "--table",
+            table,
+            "--connect-timeout",
+            "1s",
+        ];
+        fx.run(&args).code
+    };
+    let all = tenants.pattern();
+    let not_broken = format!("{prefix}_ok.outbox,{prefix}_fail.outbox");
+    db.batch_execute(&format!(
+        "ALTER TABLE \"{prefix}_broken\".outbox DROP COLUMN last_error"
+    ))
+    .unwrap();
+    assert_eq!(run(&with_down, &all), 78);
+    assert_eq!(run(&with_down, &not_broken), 69);
+    db.batch_execute(&format!(
+        "UPDATE \"{prefix}_fail\".outbox SET available_at = now()"
+    ))
+    .unwrap();
+    assert_eq!(run(&without, &not_broken), 1);
+    assert_eq!(
+        run(
+            &without,
+            &format!("{prefix}_ok.outbox,{prefix}_nobody*.outbox")
+        ),
+        0
+    );
+}
+
+#[test]
+fn shards_split_the_outboxes_so_that_their_union_is_every_outbox_exactly_once() {
+    let fx = Fixture::bare("many_shards");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    let names: Vec<String> = (0..9).map(|n| format!("s{n}")).collect();
+    for name in &names {
+        tenants.add(&fx, &url, name, 2);
+    }
+    // Each tenant's events are published by one shard's run, all of them.
+    let mut served: HashMap<String, usize> = HashMap::new();
+    let mut sizes = Vec::new();
+    for index in 0..3 {
+        let shard = format!("{index}/3");
+        let run = fx.run_with(
+            &[("OUTBOX_SHARD", &shard)],
+            &["--table", &tenants.pattern(), "--json"],
+        );
+        assert_eq!((run.code, run.stderr.as_str()), (0, ""), "shard {shard}");
+        let counts = per_tenant(&fx);
+        sizes.push(counts.len());
+        for (tenant, count) in counts {
+            assert_eq!(count, 2, "{tenant} in shard {shard}");
+            assert!(
+                served.insert(tenant.clone(), index).is_none(),
+                "{tenant} twice"
+            );
+        }
+    }
+    let every: HashSet<String> = names.iter().cloned().collect();
+    assert_eq!(served.keys().cloned().collect::<HashSet<_>>(), every);
+    // The hash spreads them: no shard took all nine.
+    assert!(sizes.iter().all(|&size| size < 9), "{sizes:?}");
+    let run = fx.run(&["--table", &tenants.pattern(), "--shard", "3/3"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+}
+
+#[test]
+fn a_backlog_in_one_outbox_delays_the_small_ones_by_one_batch_each_at_most() {
+    let fx = Fixture::bare("many_fair");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    // "a" sorts first: a run that drained it before the others would spend
+    // every batch below on it.
+    tenants.add(&fx, &url, "a", 500);
+    for small in ["s1", "s2", "s3", "s4", "s5"] {
+        tenants.add(&fx, &url, small, 3);
+    }
+    let args = [
+        "--table",
+        &tenants.pattern(),
+        "--drain",
+        "--batch-size",
+        "10",
+        "--max-batches",
+        "7",
+        "--json",
+    ];
+    let run = fx.run(&args);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    let counts = per_tenant(&fx);
+    for small in ["s1", "s2", "s3", "s4", "s5"] {
+        assert_eq!(counts.get(small), Some(&3), "{small}: {counts:?}");
+    }
+    assert_eq!(counts["a"], 20, "{counts:?}");
+}
+
+#[test]
+fn an_empty_run_over_many_outboxes_never_connects_to_the_broker() {
+    let fx = Fixture::bare("many_empty");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    for name in ["a", "b", "c"] {
+        tenants.add(&fx, &url, name, 0);
+    }
+    let broker = Proxy::start(crate::common::amqp_addr());
+    let amqp = crate::common::amqp_url_via(broker.port());
+    let run = fx.run_with(
+        &[("AMQP_URL", &amqp)],
+        &["--table", &tenants.pattern(), "--json"],
+    );
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    assert_eq!(run.field("claimed"), 0);
+    assert_eq!(broker.connections(), 0);
+}
+
+#[test]
+fn one_broker_connection_and_at_most_max_connections_sessions_serve_every_outbox() {
+    let fx = Fixture::bare("many_bounds");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    for name in ["a", "b", "c", "d"] {
+        tenants.add(&fx, &url, name, 30);
+    }
+    let broker = Proxy::start(crate::common::amqp_addr());
+    let db = Proxy::start(database_addr());
+    let env = [
+        ("AMQP_URL", crate::common::amqp_url_via(broker.port())),
+        ("DATABASE_URL", database_url_via(db.port())),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = [
+        "--table",
+        &tenants.pattern(),
+        "--drain",
+        "--batch-size",
+        "10",
+        "--max-connections",
+        "2",
+        "--json",
+    ];
+    let run = fx.run_with(&env, &args);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    assert_eq!(run.field("published"), 120);
+    assert_eq!(broker.connections(), 1);
+    assert!(db.connections() <= 2, "{} sessions", db.connections());
+}
+
+#[test]
+fn status_reports_each_outbox_of_the_selection_and_the_totals() {
+    let fx = Fixture::bare("many_status");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    tenants.add(&fx, &url, "b", 5);
+    let run = fx.run(&["--table", &tenants.pattern(), "status", "--json"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    let summary = run.summary();
+    assert_eq!(summary["pending"], 7);
+    let listed = summary["outboxes"].as_array().unwrap();
+    let pending: HashMap<&str, i64> = listed
+        .iter()
+        .map(|o| (o["table"].as_str().unwrap(), o["pending"].as_i64().unwrap()))
+        .collect();
+    let (a, b) = (tenants.table("a"), tenants.table("b"));
+    assert_eq!(pending, HashMap::from([(a.as_str(), 2), (b.as_str(), 5)]));
+    assert_eq!(
+        listed[0]["database"].as_str(),
+        Some(label_of("test").as_str())
+    );
+}
+
+#[test]
+fn the_metrics_file_labels_each_outbox_with_its_database_and_table() {
+    let fx = Fixture::bare("many_metrics");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    tenants.add(&fx, &url, "b", 1);
+    let dir = Scratch::new("many_metrics");
+    let path = dir.path().join("outbox.prom");
+    let path_text = path.display().to_string();
+    let run = fx.run(&["--table", &tenants.pattern(), "--metrics-file", &path_text]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let database = label_of("test");
+    for (tenant, published) in [("a", 2), ("b", 1)] {
+        let line = format!(
+            "outbox_poll_last_run_published{{database=\"{database}\",table=\"{}\"}} {published}",
+            tenants.table(tenant)
+        );
+        assert!(text.contains(&line), "{line} not in\n{text}");
+    }
+    assert_eq!(
+        text.matches("# TYPE outbox_poll_last_run_published ")
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn a_follow_over_many_outboxes_publishes_an_event_committed_in_any_of_them() {
+    let fx = Fixture::bare("many_follow");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 1);
+    tenants.add(&fx, &url, "b", 0);
+    let mut child = fx
+        .command()
+        .args([
+            "--table",
+            &tenants.pattern(),
+            "--follow",
+            "--max-duration",
+            "3s",
+        ])
+        .args(["--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let mut db = Client::connect(&url, NoTls).unwrap();
+    insert(&mut db, &tenants.table("b"), "b", 2);
+    let published = crate::common::wait_until(Duration::from_secs(2), || {
+        let schema = format!("{}_b", tenants.prefix);
+        let sql =
+            format!("SELECT count(*) FROM \"{schema}\".outbox WHERE published_at IS NOT NULL");
+        db.query_one(&sql, &[]).unwrap().get::<_, i64>(0) == 2
+    });
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(published, "{stderr}");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        per_tenant(&fx),
+        HashMap::from([("a".into(), 1), ("b".into(), 2)])
+    );
+}
