@@ -87,17 +87,16 @@ fn an_ipv6_literal_reaches_exactly_the_host_it_names() {
 fn an_ipv6_literal_where_nothing_listens_is_never_read_as_localhost() {
     let mut fx = Fixture::new("amqp_ipv6_none");
     fx.insert("e", 2);
-    // The shared broker listens on 127.0.0.1:5672 only: 127.0.0.2 is not it.
-    let run = fx.run(&[
-        "--amqp-url",
-        "amqp://guest:guest@[::ffff:127.0.0.2]:5672/%2f",
-    ]);
+    // A broker on 127.0.0.1 only, at a port of the test's own: whatever the
+    // shared broker binds, nothing listens on 127.0.0.2 at that port, and a
+    // URL misread as localhost would reach the proxy.
+    let broker = Proxy::start(amqp_addr());
+    let url = format!("amqp://guest:guest@[::ffff:127.0.0.2]:{}/%2f", broker.port());
+    let run = fx.run_with(&[("AMQP_URL", &url)], &[]);
     assert_eq!(run.code, 69, "{}", run.stderr);
-    assert!(
-        run.stderr.contains("[::ffff:127.0.0.2]:5672"),
-        "{}",
-        run.stderr
-    );
+    let named = format!("[::ffff:127.0.0.2]:{}", broker.port());
+    assert!(run.stderr.contains(&named), "{named} in {}", run.stderr);
+    assert_eq!(broker.connections(), 0, "the run reached 127.0.0.1");
     assert_nothing_published_or_blamed(&mut fx);
 }
 
