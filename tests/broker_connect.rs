@@ -91,7 +91,10 @@ fn an_ipv6_literal_where_nothing_listens_is_never_read_as_localhost() {
     // shared broker binds, nothing listens on 127.0.0.2 at that port, and a
     // URL misread as localhost would reach the proxy.
     let broker = Proxy::start(amqp_addr());
-    let url = format!("amqp://guest:guest@[::ffff:127.0.0.2]:{}/%2f", broker.port());
+    let url = format!(
+        "amqp://guest:guest@[::ffff:127.0.0.2]:{}/%2f",
+        broker.port()
+    );
     let run = fx.run_with(&[("AMQP_URL", &url)], &[]);
     assert_eq!(run.code, 69, "{}", run.stderr);
     let named = format!("[::ffff:127.0.0.2]:{}", broker.port());

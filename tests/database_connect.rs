@@ -1,6 +1,8 @@
 //! Connecting to PostgreSQL as libpq does (the contract's "Connections"):
-//! sslmode against the shared server (ssl = on, Debian's snakeoil
-//! certificate, CN localhost), the TLS and login refusals a test-owned fake
+//! sslmode against a server of the test's own (TLS only over TCP, with a
+//! certificate the test issues for localhost, a trusted socket), so that
+//! nothing hangs on the machine's own certificate or pg_hba.conf; the TLS
+//! and login refusals a test-owned fake
 //! server scripts (checked against psql where libpq has a word to say),
 //! the password and service files, host and port lists, and
 //! target_session_attrs over a private primary and standby. Every refusal
@@ -21,15 +23,8 @@ use crate::common::{
 };
 use postgres::{Client, NoTls};
 
-/// The server's own certificate, its own root (CN and SAN localhost).
-const SNAKEOIL: &str = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
-
 /// Generous bound for "it did not hang".
 const NO_HANG: Duration = Duration::from_secs(15);
-
-fn shared(query: &str) -> String {
-    format!("postgresql://postgres@127.0.0.1:5432/test?{query}")
-}
 
 /// The run with the variables given and no DATABASE_URL: libpq's variables
 /// and files alone say where to connect.
@@ -39,15 +34,10 @@ fn run_without_url(fx: &Fixture, env: &[(&str, &str)], args: &[&str]) -> Run {
     Run::from(command.args(args).output().expect("running outbox-poll"))
 }
 
-/// What the server says about a run's session, read while the run holds
-/// its claim (a stalled broker keeps it waiting), before SIGTERM ends it.
-#[derive(Debug, PartialEq, Eq)]
-struct SessionSeen {
-    application_name: String,
-    ssl: bool,
-}
-
-fn session_of_a_held_run(fx: &mut Fixture, env: &[(&str, &str)]) -> SessionSeen {
+/// The application_name the server sees for a run's session, read while the
+/// run holds its claim (a stalled broker keeps it waiting), before SIGTERM
+/// ends it.
+fn application_name_of_a_held_run(fx: &mut Fixture, env: &[(&str, &str)]) -> String {
     let held_before = fx.rows().len();
     fx.insert(&format!("held{held_before}"), 1);
     let broker = Proxy::start(amqp_addr());
@@ -61,8 +51,8 @@ fn session_of_a_held_run(fx: &mut Fixture, env: &[(&str, &str)]) -> SessionSeen 
         .spawn()
         .expect("starting outbox-poll");
     let sql = format!(
-        "SELECT a.application_name, s.ssl FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
-         JOIN pg_stat_ssl s USING (pid) WHERE l.relation = '{}'::regclass",
+        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+         WHERE l.relation = '{}'::regclass",
         fx.quoted_table()
     );
     let mut seen = None;
@@ -72,10 +62,7 @@ fn session_of_a_held_run(fx: &mut Fixture, env: &[(&str, &str)]) -> SessionSeen 
             .query(&sql, &[])
             .unwrap()
             .first()
-            .map(|row| SessionSeen {
-                application_name: row.get(0),
-                ssl: row.get(1),
-            });
+            .map(|row| row.get(0));
         seen.is_some()
     });
     signal(&child, "-TERM");
@@ -85,54 +72,119 @@ fn session_of_a_held_run(fx: &mut Fixture, env: &[(&str, &str)]) -> SessionSeen 
     seen.unwrap()
 }
 
+/// A server of the test's own that admits TCP sessions over TLS only
+/// (with a certificate for localhost from its CA) and trusts its socket,
+/// its outbox migrated: a poll that exits 0 there over TCP used TLS.
+struct TlsOnly {
+    ca: TestCa,
+    server: PrivatePostgres,
+}
+
+impl TlsOnly {
+    fn start(fx: &Fixture) -> TlsOnly {
+        let ca = TestCa::new(&["localhost"]);
+        let server = PrivatePostgres::tls_only(&ca);
+        let tls_only = TlsOnly { ca, server };
+        let run = tls_only.poll(fx, &tls_only.socket(""), &["migrate"]);
+        assert_eq!(run.code, 0, "migrate: {}", run.stderr);
+        tls_only
+    }
+
+    /// A URL to localhost over TCP, with `query`; `{root}` in it is the CA's
+    /// certificate.
+    fn tcp(&self, host: &str, query: &str) -> String {
+        let query = query.replace("{root}", &self.ca.ca_cert().display().to_string());
+        format!(
+            "postgresql://postgres@{host}:{}/postgres?{query}",
+            self.server.primary_port()
+        )
+    }
+
+    /// A key=value string for the server's socket, with `more`.
+    fn socket(&self, more: &str) -> String {
+        format!(
+            "host={} port={} user=postgres dbname=postgres {more}",
+            self.server.socket_dir().display(),
+            self.server.primary_port()
+        )
+    }
+
+    fn poll(&self, fx: &Fixture, url: &str, args: &[&str]) -> Run {
+        let mut args = args.to_vec();
+        args.extend(["--table", "public.outbox"]);
+        fx.run_with(&[("DATABASE_URL", url)], &args)
+    }
+}
+
 #[test]
 fn the_default_sslmode_prefer_uses_tls_and_disable_does_not() {
-    let mut fx = Fixture::new("pg_prefer");
-    let prefer = session_of_a_held_run(&mut fx, &[]);
-    let disable = session_of_a_held_run(&mut fx, &[("PGSSLMODE", "disable")]);
-    assert_eq!((prefer.ssl, disable.ssl), (true, false));
+    let fx = Fixture::new("pg_prefer");
+    let server = TlsOnly::start(&fx);
+    let prefer = server.poll(&fx, &server.tcp("127.0.0.1", ""), &[]);
+    assert_eq!(prefer.code, 0, "{}", prefer.stderr);
+    // The server admits no plain session over TCP.
+    let disable = server.poll(&fx, &server.tcp("127.0.0.1", "sslmode=disable"), &[]);
+    assert_eq!(disable.code, 78, "{}", disable.stderr);
+    assert_one_clear_line(&disable);
 }
 
 #[test]
 fn sslmode_require_and_verify_ca_with_the_servers_own_root_use_tls() {
-    let mut fx = Fixture::new("pg_require");
-    let verify_ca = shared(&format!("sslmode=verify-ca&sslrootcert={SNAKEOIL}"));
-    for url in [shared("sslmode=require"), verify_ca] {
-        let seen = session_of_a_held_run(&mut fx, &[("DATABASE_URL", &url)]);
-        assert!(seen.ssl, "{url}");
+    let fx = Fixture::new("pg_require");
+    let server = TlsOnly::start(&fx);
+    for query in ["sslmode=require", "sslmode=verify-ca&sslrootcert={root}"] {
+        let run = server.poll(&fx, &server.tcp("127.0.0.1", query), &[]);
+        assert_eq!(run.code, 0, "{query}: {}", run.stderr);
     }
 }
 
 #[test]
 fn verify_full_accepts_the_name_on_the_certificate_and_refuses_another_with_78() {
-    let mut fx = Fixture::new("pg_verify_full");
-    let by_name = format!(
-        "postgresql://postgres@localhost:5432/test?sslmode=verify-full&sslrootcert={SNAKEOIL}"
-    );
-    assert!(session_of_a_held_run(&mut fx, &[("DATABASE_URL", &by_name)]).ssl);
-    let by_address = shared(&format!("sslmode=verify-full&sslrootcert={SNAKEOIL}"));
-    let run = fx.run_with(&[("DATABASE_URL", &by_address)], &[]);
-    assert_eq!(run.code, 78, "{}", run.stderr);
-    assert_one_clear_line(&run);
+    let fx = Fixture::new("pg_verify_full");
+    let server = TlsOnly::start(&fx);
+    let query = "sslmode=verify-full&sslrootcert={root}";
+    let by_name = server.poll(&fx, &server.tcp("localhost", query), &[]);
+    assert_eq!(by_name.code, 0, "{}", by_name.stderr);
+    let by_address = server.poll(&fx, &server.tcp("127.0.0.1", query), &[]);
+    assert_eq!(by_address.code, 78, "{}", by_address.stderr);
+    assert_one_clear_line(&by_address);
     for said in [
-        "127.0.0.1:5432",
-        "not valid for name \"127.0.0.1\"",
-        "sslrootcert",
+        format!("127.0.0.1:{}", server.server.primary_port()),
+        "not valid for name \"127.0.0.1\"".to_owned(),
+        "sslrootcert".to_owned(),
     ] {
-        assert!(run.stderr.contains(said), "{said:?} in {}", run.stderr);
+        assert!(
+            by_address.stderr.contains(&said),
+            "{said:?} in {}",
+            by_address.stderr
+        );
     }
+}
+
+#[test]
+fn sslmode_require_over_the_local_socket_connects_without_tls_as_libpq_does() {
+    let fx = Fixture::new("pg_socket");
+    let server = TlsOnly::start(&fx);
+    let run = server.poll(&fx, &server.socket("sslmode=require"), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
+
+#[test]
+fn sslmode_verify_full_over_the_local_socket_needs_no_root_file_as_libpq() {
+    let fx = Fixture::new("pg_socket_verify");
+    let server = TlsOnly::start(&fx);
+    let url = server.socket("sslmode=verify-full sslrootcert=/nonexistent/root.crt");
+    let run = server.poll(&fx, &url, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
 }
 
 #[test]
 fn application_name_is_outbox_poll_unless_pgappname_says_otherwise() {
     let mut fx = Fixture::new("pg_appname");
-    let default = session_of_a_held_run(&mut fx, &[]);
-    let named = session_of_a_held_run(&mut fx, &[("PGAPPNAME", "billing-relay")]);
+    let default = application_name_of_a_held_run(&mut fx, &[]);
+    let named = application_name_of_a_held_run(&mut fx, &[("PGAPPNAME", "billing-relay")]);
     assert_eq!(
-        (
-            default.application_name.as_str(),
-            named.application_name.as_str()
-        ),
+        (default.as_str(), named.as_str()),
         ("outbox-poll", "billing-relay")
     );
 }
@@ -244,23 +296,6 @@ fn sslmode_allow_logs_in_in_plain_without_asking_for_tls() {
     let received = server.received();
     assert_logged_in(&run, &received);
     assert_eq!((received.ssl_requests, received.tls_startups), (0, 0));
-}
-
-#[test]
-fn sslmode_require_over_the_local_socket_connects_without_tls_as_libpq_does() {
-    let mut fx = Fixture::new("pg_socket");
-    let url = "host=/var/run/postgresql user=postgres dbname=test sslmode=require";
-    let seen = session_of_a_held_run(&mut fx, &[("DATABASE_URL", url)]);
-    assert!(!seen.ssl);
-}
-
-#[test]
-fn sslmode_verify_full_over_the_local_socket_needs_no_root_file_as_libpq() {
-    let mut fx = Fixture::new("pg_socket_verify");
-    let url = "host=/var/run/postgresql user=postgres dbname=test sslmode=verify-full \
-               sslrootcert=/nonexistent/root.crt";
-    let seen = session_of_a_held_run(&mut fx, &[("DATABASE_URL", url)]);
-    assert!(!seen.ssl);
 }
 
 #[test]

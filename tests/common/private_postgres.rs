@@ -18,6 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use super::certs::TestCa;
 use super::scratch::{Scratch, free_port};
 
 pub struct PrivatePostgres {
@@ -87,6 +88,61 @@ impl PrivatePostgres {
         cluster.configure(&standby, cluster.standby_port);
         cluster.pg_ctl("standby", "start");
         cluster
+    }
+
+    /// Starts one server that takes TCP connections over TLS only, with the
+    /// certificate `ca` issued for its names, and trusts its Unix socket
+    /// (in the scratch directory): what a test of sslmode needs, whatever
+    /// the shared server's certificate and pg_hba.conf say.
+    pub fn tls_only(ca: &TestCa) -> PrivatePostgres {
+        let dir = Scratch::new("pg");
+        let server = PrivatePostgres {
+            dir,
+            primary_port: free_port(),
+            standby_port: 0,
+        };
+        give_to_postgres(server.dir.path());
+        let primary = server.data("primary");
+        server.run(
+            "initdb",
+            &[
+                "-D",
+                &primary,
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ],
+        );
+        server.configure(&primary, server.primary_port);
+        for (from, to) in [
+            (ca.server_cert(), "server.crt"),
+            (ca.server_key(), "server.key"),
+        ] {
+            let copy = Path::new(&primary).join(to);
+            std::fs::copy(from, &copy).unwrap();
+            give_to_postgres(&copy);
+        }
+        let conf = Path::new(&primary).join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).unwrap();
+        text.push_str("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        std::fs::write(&conf, text).unwrap();
+        std::fs::write(
+            Path::new(&primary).join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )
+        .unwrap();
+        server.pg_ctl("primary", "start");
+        server
+    }
+
+    /// The directory of its Unix socket.
+    pub fn socket_dir(&self) -> &Path {
+        self.dir.path()
     }
 
     pub fn primary_port(&self) -> u16 {
@@ -211,7 +267,7 @@ fn as_postgres(program: &Path, args: &[&str]) -> Command {
     }
 }
 
-/// Hands the scratch directory to the postgres account when we are root.
+/// Hands a file or directory to the postgres account when we are root.
 fn give_to_postgres(dir: &Path) {
     if !running_as_root() {
         return;
