@@ -200,3 +200,49 @@ fn json_summary_is_printed_on_failure_too() {
     assert_eq!(summary["exit_code"], 78);
     assert_eq!(summary["published"], 0);
 }
+
+#[test]
+fn a_run_with_nothing_configured_says_so_and_names_the_two_variables() {
+    // As an account no PostgreSQL knows (nobody, when the tests run as
+    // root), so that libpq's defaults reach no database whatever the
+    // machine's pg_hba.conf says; nothing in the environment either (the
+    // fixture's command inherits no PG* variable).
+    let command = |extra: &[(&str, String)]| {
+        let mut command = if is_root() {
+            let mut runuser = std::process::Command::new("runuser");
+            runuser.args(["-u", "nobody", "--", crate::common::BIN]);
+            runuser
+        } else {
+            std::process::Command::new(crate::common::BIN)
+        };
+        command
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("HOME", "/nonexistent");
+        command.envs(extra.iter().map(|(name, value)| (name, value)));
+        Run::from(command.output().expect("running outbox-poll"))
+    };
+    let run = command(&[]);
+    assert!([69, 78].contains(&run.code), "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(
+        run.stderr.starts_with(
+            "outbox-poll: error: nothing says which PostgreSQL to use (no DATABASE_URL, service \
+             or PG* variable)"
+        ),
+        "{}",
+        run.stderr
+    );
+    for named in ["DATABASE_URL, e.g. postgresql://", "AMQP_URL, e.g. amqp://"] {
+        assert!(run.stderr.contains(named), "{named} in {}", run.stderr);
+    }
+    // Any variable at all is a configuration, however wrong: not said then.
+    let run = command(&[("PGPORT", free_port().to_string())]);
+    assert!([69, 78].contains(&run.code), "{}", run.stderr);
+    assert!(!run.stderr.contains("nothing says"), "{}", run.stderr);
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|meta| meta.uid() == 0)
+}

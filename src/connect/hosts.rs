@@ -30,7 +30,7 @@ use std::net::{IpAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context, Result, anyhow};
 use postgres::Client;
 use postgres::config::SslMode as DriverSslMode;
 use rustls::ClientConfig;
@@ -83,8 +83,23 @@ enum Attempt {
     NoPassword,
 }
 
+/// What a failure to connect says first when nothing was configured.
+const NOTHING_CONFIGURED: &str = "nothing says which PostgreSQL to use (no DATABASE_URL, \
+     service or PG* variable), so libpq's defaults were tried: set DATABASE_URL, e.g. \
+     postgresql://USER:PASSWORD@HOST:5432/DATABASE, and AMQP_URL, e.g. \
+     amqp://USER:PASSWORD@HOST:5672/%2f";
+
 /// Connects to the first host that accepts and suits target_session_attrs.
 pub fn connect(request: &Request) -> Result<Client> {
+    let connected = connect_to_any(request);
+    if request.info.nothing_configured {
+        connected.context(NOTHING_CONFIGURED)
+    } else {
+        connected
+    }
+}
+
+fn connect_to_any(request: &Request) -> Result<Client> {
     let info = request.info;
     let passes: &[TargetSessionAttrs] = match info.target_session_attrs {
         TargetSessionAttrs::PreferStandby => {

@@ -162,6 +162,10 @@ pub struct ConnInfo {
     /// What libpq would print as a WARNING and then carry on (an unsafe
     /// password file, ignored): for the caller to log.
     pub warnings: Vec<String>,
+    /// No URL, service or PG* variable said anything: only libpq's
+    /// defaults (the local socket, this account's name). A failure to
+    /// connect then says so first, as a newcomer's likeliest mistake.
+    pub nothing_configured: bool,
 }
 
 /// One server to try.
@@ -402,7 +406,9 @@ pub fn resolve(
     if !params.has("sslmode") && env("PGREQUIRESSL").is_some_and(|value| value.starts_with('1')) {
         params.store("sslmode", "require".into(), Origin::Env("PGREQUIRESSL"))?;
     }
-    build(&params, files, account, home.as_deref())
+    let mut info = build(&params, files, account, home.as_deref())?;
+    info.nothing_configured = params.0.is_empty();
+    Ok(info)
 }
 
 /// The PG* variables a connection string stands for, keyword by keyword:
@@ -600,6 +606,7 @@ fn build(
         user,
         dbname,
         warnings,
+        nothing_configured: false,
     })
 }
 
