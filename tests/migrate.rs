@@ -56,6 +56,7 @@ fn migrate_creates_the_contract_table_in_an_empty_schema() {
     let mut fx = Fixture::bare("migrate_empty");
     let run = fx.run(&["migrate"]);
     assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    assert_eq!(run.stdout, format!("created the table {}\n", fx.table));
     assert_eq!(columns(&mut fx), contract_columns());
 }
 
@@ -65,6 +66,10 @@ fn migrate_twice_changes_nothing_the_second_time() {
     fx.insert("e", 3);
     let run = fx.run(&["migrate"]);
     assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    assert_eq!(
+        run.stdout,
+        format!("the table {} is up to date: nothing to do\n", fx.table)
+    );
     assert_eq!(columns(&mut fx), contract_columns());
     assert_eq!(fx.rows().len(), 3);
 }
@@ -130,6 +135,14 @@ fn migrate_upgrades_a_reference_table_in_place_keeping_its_rows() {
 
     let run = fx.run(&["migrate"]);
     assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    // Says what it added: every column the reference table lacked.
+    let added = format!(
+        "upgraded the table {}: added the columns last_error, available_at, producer_xid, \
+         headers, routing_key, ordering_key, exchange, content_type, content_encoding, \
+         correlation_id, priority, expires_at; the indexes ",
+        fx.table
+    );
+    assert!(run.stdout.starts_with(&added), "{}", run.stdout);
 
     assert_eq!(columns(&mut fx), contract_columns());
     let oid_after = table_oid(&mut fx);

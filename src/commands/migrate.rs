@@ -3,12 +3,15 @@
 //! once do not collide. The SQL is in migrations/ (see `sql::migrations`).
 
 use anyhow::Result;
+use postgres::Transaction;
 
 use crate::cli::MigrateArgs;
 use crate::config::Database;
 use crate::connect::database::{classify, classify_on_table};
 use crate::exit::Exit;
+use crate::report::stdout;
 use crate::sql::migrations::{self, MIGRATIONS};
+use crate::sql::table::TableName;
 
 pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
     let mut client = super::connect(database)?;
@@ -27,6 +30,7 @@ pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
     // pasted into a string literal or a DO block (see sql::migrations).
     tx.execute(migrations::NAME_THE_TABLE, &[&database.table.quoted()])
         .map_err(|error| classify_on_table(&error, "naming the table", &database.table))?;
+    let before = Parts::of(&mut tx, &database.table)?;
     if args.notify {
         tx.batch_execute(migrations::OPT_INTO_NOTIFY)
             .map_err(|error| classify(&error, "opting into the notify trigger", "try again"))?;
@@ -37,8 +41,74 @@ pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
                 classify_on_table(&error, &format!("applying {name}"), &database.table)
             })?;
     }
+    let after = Parts::of(&mut tx, &database.table)?;
     tx.commit()
         .map_err(|error| classify(&error, "committing the migration", "try again"))?;
-    log::info!("table {} is up to date", database.table);
+    stdout::line(&before.report(&after, &database.table)).map_err(stdout::unwritable)?;
     Ok(Exit::Success)
+}
+
+/// What the table has, read before and after the migrations so that
+/// `migrate` can say what it did: a newcomer running it sees whether it
+/// created the table, added columns, or found nothing to do.
+struct Parts {
+    exists: bool,
+    columns: Vec<String>,
+    /// Indexes and triggers, by name.
+    others: Vec<String>,
+}
+
+impl Parts {
+    fn of(tx: &mut Transaction, table: &TableName) -> Result<Parts> {
+        let row = tx
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL, \
+                        ARRAY(SELECT attname::text FROM pg_attribute \
+                              WHERE attrelid = to_regclass($1) AND attnum > 0 \
+                                AND NOT attisdropped ORDER BY attnum), \
+                        ARRAY(SELECT 'index ' || indexrelid::regclass::text FROM pg_index \
+                              WHERE indrelid = to_regclass($1) \
+                              UNION ALL SELECT 'trigger ' || tgname::text FROM pg_trigger \
+                              WHERE tgrelid = to_regclass($1) AND NOT tgisinternal)",
+                &[&table.quoted()],
+            )
+            .map_err(|error| classify_on_table(&error, "reading the table's shape", table))?;
+        Ok(Parts {
+            exists: row.get(0),
+            columns: row.get(1),
+            others: row.get(2),
+        })
+    }
+
+    fn report(&self, after: &Parts, table: &TableName) -> String {
+        if !self.exists {
+            return format!("created the table {table}");
+        }
+        let added_columns: Vec<&str> = after
+            .columns
+            .iter()
+            .filter(|column| !self.columns.contains(column))
+            .map(String::as_str)
+            .collect();
+        let mut added = Vec::new();
+        if !added_columns.is_empty() {
+            added.push(format!("the columns {}", added_columns.join(", ")));
+        }
+        for (kind, plural) in [("index ", "indexes"), ("trigger ", "triggers")] {
+            let names: Vec<&str> = after
+                .others
+                .iter()
+                .filter(|other| !self.others.contains(other))
+                .filter_map(|other| other.strip_prefix(kind))
+                .collect();
+            if !names.is_empty() {
+                added.push(format!("the {plural} {}", names.join(", ")));
+            }
+        }
+        if added.is_empty() {
+            format!("the table {table} is up to date: nothing to do")
+        } else {
+            format!("upgraded the table {table}: added {}", added.join("; "))
+        }
+    }
 }
