@@ -111,16 +111,40 @@ fn status_json_of_an_empty_table_has_a_null_age() {
 #[test]
 fn status_reports_the_dead_tuple_ratio() {
     let mut fx = Fixture::new("status_dead_tuples");
-    fx.insert("e", 6);
-    // Two marks: two dead row versions beside six live ones.
-    fx.execute("UPDATE {table} SET published_at = now() WHERE event_id IN ('e-1', 'e-2')");
+    fx.insert("e", 1200);
+    // 300 marks: 300 dead row versions beside 1,200 live ones.
+    fx.execute(
+        "UPDATE {table} SET published_at = now() WHERE id <= (SELECT min(id) + 299 FROM {table})",
+    );
     fx.flush_stats();
     let run = fx.run(&["status", "--json"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_eq!(run.summary()["dead_tuple_ratio"], json!(0.25));
+    assert_eq!(run.summary()["dead_tuple_ratio"], json!(0.2));
     let run = fx.run(&["status"]);
     assert!(
-        run.stdout.ends_with("\ndead tuples     25.0%\n"),
+        run.stdout.ends_with("\ndead tuples     20.0%\n"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn status_shows_no_dead_tuple_figure_for_a_table_too_small_for_it_to_matter() {
+    let mut fx = Fixture::new("status_dead_tuples_tiny");
+    fx.insert("e", 6);
+    // Two marks: two dead row versions beside six live ones, 25%.
+    fx.execute("UPDATE {table} SET published_at = now() WHERE event_id IN ('e-1', 'e-2')");
+    fx.flush_stats();
+    let run = fx.run(&["status", "--json"]);
+    assert_eq!(
+        run.summary()["dead_tuple_ratio"],
+        json!(0.25),
+        "JSON keeps the figure"
+    );
+    let run = fx.run(&["status"]);
+    assert!(
+        run.stdout
+            .ends_with("\ndead tuples     - (8 row versions: too few to matter, under 1000)\n"),
         "{}",
         run.stdout
     );

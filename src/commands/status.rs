@@ -13,7 +13,7 @@ use crate::exit::Exit;
 use crate::guard::watchdog::Watchdog;
 use crate::plan::Selection;
 use crate::report::{plural, stderr, stdout};
-use crate::sql::figures::{self, Figures, HeldBack, HeldKey};
+use crate::sql::figures::{self, DeadTuples, Figures, HeldBack, HeldKey, MEANINGFUL_VERSIONS};
 use crate::sql::table::TableName;
 
 pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
@@ -33,7 +33,7 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
     };
     let beyond = Beyond {
         held_back: figures::held_back(&mut client, table, max_attempts)?,
-        dead_tuples: figures::dead_tuple_ratio(&mut client, table)?,
+        dead_tuples: figures::dead_tuples(&mut client, table)?,
         held_back_keys: figures::held_back_keys(&mut client, table, max_attempts)?,
         held_keys: figures::held_keys(&mut client, table, max_attempts)?.unwrap_or_default(),
     };
@@ -154,7 +154,7 @@ struct Beyond {
     /// How long the ordered modes have been held back (None: they are not).
     held_back: Option<HeldBack>,
     /// Dead row versions over all row versions (None: not counted yet).
-    dead_tuples: Option<f64>,
+    dead_tuples: DeadTuples,
     /// Keys held back by a failed head (None: the table has no
     /// ordering_key column).
     held_back_keys: Option<i64>,
@@ -169,7 +169,7 @@ struct Beyond {
 fn json_text(total: &Figures, beyond: &Beyond, by_type: Option<&[(String, Figures)]>) -> String {
     let mut object = total.to_json();
     object["ordered_held_back_s"] = beyond.held_back.as_ref().map(|held| held.age_s).into();
-    object["dead_tuple_ratio"] = beyond.dead_tuples.into();
+    object["dead_tuple_ratio"] = beyond.dead_tuples.ratio.into();
     object["oldest_due_age_s"] = total.oldest_due_age_s.into();
     object["held_back_keys"] = beyond.held_back_keys.into();
     object["keys_held_back"] = beyond
@@ -300,9 +300,14 @@ fn held_back_line(held_back: Option<&HeldBack>) -> String {
     }
 }
 
-/// The dead-tuple ratio as a percentage, `-` when unknown.
-fn dead_tuples_line(ratio: Option<f64>) -> String {
-    match ratio {
+/// The dead-tuple ratio as a percentage, `-` when unknown, and not as a
+/// figure at all on a table too small for it to mean anything.
+fn dead_tuples_line(dead: DeadTuples) -> String {
+    match dead.ratio {
+        Some(_) if dead.versions < MEANINGFUL_VERSIONS => format!(
+            "dead tuples     - ({} row versions: too few to matter, under {MEANINGFUL_VERSIONS})\n",
+            dead.versions
+        ),
         Some(ratio) => format!("dead tuples     {:.1}%\n", 100.0 * ratio),
         None => "dead tuples     -\n".into(),
     }
@@ -374,7 +379,10 @@ mod tests {
                 age_s: 125,
                 pid: Some(4242),
             }),
-            dead_tuples: Some(0.125),
+            dead_tuples: DeadTuples {
+                ratio: Some(0.125),
+                versions: 8000,
+            },
             held_back_keys: Some(2),
             held_keys: vec![HeldKey {
                 key: "order-7".into(),
@@ -412,7 +420,10 @@ mod tests {
         };
         let types = [("a".to_string(), figures)];
         let beyond = Beyond {
-            dead_tuples: Some(0.5),
+            dead_tuples: DeadTuples {
+                ratio: Some(0.5),
+                versions: 8000,
+            },
             ..Beyond::default()
         };
         let text = json_text(&figures, &beyond, Some(&types));

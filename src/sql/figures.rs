@@ -90,15 +90,37 @@ pub fn by_type(
 /// up (see the autovacuum settings of migration 0005). The counts are
 /// estimates, and when autovacuum is off nothing resets them but a VACUUM.
 pub fn dead_tuple_ratio(client: &mut Client, table: &TableName) -> Result<Option<f64>> {
+    Ok(dead_tuples(client, table)?.ratio)
+}
+
+/// The dead-tuple ratio with the count of row versions it is taken over.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DeadTuples {
+    pub ratio: Option<f64>,
+    /// Live and dead row versions, as the statistics last counted them.
+    pub versions: i64,
+}
+
+/// Below this many row versions the ratio says nothing worth an alarm: a
+/// handful of marks on a new table make it 50%, and migrate's autovacuum
+/// settings (migration 0005) do not vacuum before 1,000 dead versions.
+pub const MEANINGFUL_VERSIONS: i64 = 1000;
+
+/// `dead_tuple_ratio`, and the row versions counted.
+pub fn dead_tuples(client: &mut Client, table: &TableName) -> Result<DeadTuples> {
     let row = client
         .query_one(
-            "SELECT (sum(n_dead_tup) / nullif(sum(n_live_tup + n_dead_tup), 0))::float8 \
+            "SELECT (sum(n_dead_tup) / nullif(sum(n_live_tup + n_dead_tup), 0))::float8, \
+                    coalesce(sum(n_live_tup + n_dead_tup), 0)::int8 \
              FROM pg_stat_all_tables WHERE relid = $1::text::regclass \
                OR relid IN (SELECT relid FROM pg_partition_tree($1::text::regclass))",
             &[&table.quoted()],
         )
         .map_err(|error| classify_on_table(&error, "reading the dead-tuple ratio", table))?;
-    Ok(row.get(0))
+    Ok(DeadTuples {
+        ratio: row.get(0),
+        versions: row.get(1),
+    })
 }
 
 /// Due events now, for a progress bar's length.
