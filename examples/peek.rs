@@ -61,6 +61,10 @@ async fn bind(channel: &Channel, exchange: &str, queue: &str) -> anyhow::Result<
             FieldTable::default(),
         )
         .await?;
+    println!(
+        "exchange {exchange} (topic, durable) and queue {queue} (durable) declared; \
+         {queue} is bound to every routing key (#)"
+    );
     Ok(())
 }
 

@@ -135,4 +135,7 @@ quietly in_scratch --purge "$name"
 left=$(find "$scratch" -path "$scratch/var" -prune -o ! -type d -print)
 [ -z "$left" ] || { echo "deb.sh: the purge left files behind: $left" >&2; exit 1; }
 
-step "built $deb ($(du -h "$deb" | cut -f1)): install it with sudo apt install ./$deb"
+# apt needs root: as root, no sudo (a minimal system has none).
+install="apt install ./$deb"
+[ "$(id -u)" = 0 ] || install="sudo $install"
+step "built $deb ($(du -h "$deb" | cut -f1)): install it with $install"

@@ -161,3 +161,31 @@ fn a_closed_stderr_ends_quietly_with_the_runs_own_exit_code() {
         .expect("running outbox-poll");
     assert_eq!(output.status.code(), Some(78));
 }
+
+#[test]
+fn the_examples_peek_bind_says_what_it_declared() {
+    let fx = Fixture::bare("peek_bind");
+    let (exchange, queue) = (
+        format!("{}_peek", fx.exchange),
+        format!("{}_peek", fx.queue),
+    );
+    // cargo test builds the examples beside the binary.
+    let peek = std::path::Path::new(crate::common::BIN)
+        .with_file_name("examples")
+        .join("peek");
+    let output = std::process::Command::new(&peek)
+        .args(["bind", &exchange, &queue])
+        .env("AMQP_URL", crate::common::amqp_url())
+        .output()
+        .expect("running examples/peek");
+    fx.amqp.delete_queue(&queue);
+    fx.amqp.delete_exchange(&exchange);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!(
+            "exchange {exchange} (topic, durable) and queue {queue} (durable) declared; \
+             {queue} is bound to every routing key (#)\n"
+        )
+    );
+}
