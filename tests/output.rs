@@ -177,7 +177,7 @@ fn the_examples_peek_bind_says_what_it_declared() {
         .args(["bind", &exchange, &queue])
         .env("AMQP_URL", crate::common::amqp_url())
         .output()
-        .expect("running examples/peek");
+        .expect("running examples/peek (cargo test builds it; else cargo build --examples)");
     fx.amqp.delete_queue(&queue);
     fx.amqp.delete_exchange(&exchange);
     assert!(output.status.success(), "{output:?}");
