@@ -78,6 +78,27 @@ cargo_recent() {
     [ "$(printf '%s\n%s\n' "$rust_needed" "$have" | sort -V | head -n 1)" = "$rust_needed" ]
 }
 
+# rustup-init for this machine, fetched from the toolchain's host, then run
+# as the script would run it.
+rustup_init_direct() {
+    local arch target init
+    arch=$(uname -m)
+    case "$arch" in
+        x86_64 | aarch64 | riscv64 | s390x | powerpc64le) target="$arch-unknown-linux-gnu" ;;
+        armv7l) target="armv7-unknown-linux-gnueabihf" ;;
+        *) say "no rustup-init is published for $arch"; return 1 ;;
+    esac
+    [ "$arch" = powerpc64le ] && target="powerpc64le-unknown-linux-gnu"
+    init=$(mktemp)
+    curl --proto '=https' --tlsv1.2 -sSf -o "$init" \
+        "https://static.rust-lang.org/rustup/dist/$target/rustup-init" || { rm -f "$init"; return 1; }
+    chmod +x "$init"
+    "$init" -y --profile minimal --component rustfmt,clippy >/dev/null
+    local status=$?
+    rm -f "$init"
+    return $status
+}
+
 ensure_rust() {
     command -v cc >/dev/null || apt_install gcc libc6-dev
     # tests/libpq_differential.rs links the system's libpq (pq-sys finds it
@@ -91,7 +112,12 @@ ensure_rust() {
     say "installing Rust with rustup into ~/.cargo (a minute or two)"
     if ! curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
         sh -s -- -y --profile minimal --component rustfmt,clippy >/dev/null; then
-        fail "could not install Rust with rustup (see the line above): install Rust $rust_needed or later from https://rustup.rs, check that \`cargo --version\` works, then run this again"
+        # sh.rustup.rs only serves the installer script; the same installer
+        # is published for each machine on the toolchain's own host, which
+        # some networks let through when they block the script's.
+        say "the rustup script could not be fetched: trying rustup-init from static.rust-lang.org"
+        rustup_init_direct ||
+            fail "could not install Rust with rustup (see the lines above): install Rust $rust_needed or later from https://rustup.rs, check that \`cargo --version\` works, then run this again"
     fi
     . "$HOME/.cargo/env"
     say "Rust is in ~/.cargo/bin: to use cargo in this shell, run . \"\$HOME/.cargo/env\" (new shells have it)"
