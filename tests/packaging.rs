@@ -47,6 +47,21 @@ chmod +x "$HOME/.cargo/bin/cargo"
 echo 'export PATH="$HOME/.cargo/bin:$PATH"' >"$HOME/.cargo/env"
 INSTALLER"#;
 
+/// curl that cannot reach rustup's script host but can reach the
+/// toolchain's: the rustup-init it saves (to curl's -o) installs the same
+/// fake Rust as CURL_OF_A_FAKE_RUSTUP.
+const CURL_OF_THE_TOOLCHAIN_HOST_ONLY: &str = r#"case "$*" in
+*sh.rustup.rs*) echo "curl: (6) Could not resolve host: sh.rustup.rs" >&2; exit 6 ;;
+esac
+while [ "$1" != -o ]; do shift; done
+cat >"$2" <<'INIT'
+#!/bin/sh
+mkdir -p "$HOME/.cargo/bin"
+printf '#!/bin/sh\nif [ "$1" = --version ]; then echo "cargo 99.0.0"; exit 0; fi\necho cargo "$*" >>"$HOME/calls.log"\n' >"$HOME/.cargo/bin/cargo"
+chmod +x "$HOME/.cargo/bin/cargo"
+echo 'export PATH="$HOME/.cargo/bin:$PATH"' >"$HOME/.cargo/env"
+INIT"#;
+
 /// curl when the download fails, as it says so.
 const FAILING_CURL: &str = r#"echo "curl: (6) Could not resolve host: sh.rustup.rs" >&2; exit 6"#;
 
@@ -84,6 +99,12 @@ impl FreshMachine {
     /// commands.
     fn with_rust_download(self) -> FreshMachine {
         self.fake("curl", CURL_OF_A_FAKE_RUSTUP);
+        self
+    }
+
+    /// The rustup script's host is blocked; the toolchain's host is not.
+    fn with_only_the_toolchain_host(self) -> FreshMachine {
+        self.fake("curl", CURL_OF_THE_TOOLCHAIN_HOST_ONLY);
         self
     }
 
@@ -147,13 +168,39 @@ fn setup_without_a_rust_download_still_sets_up_the_servers_and_says_what_to_do()
     assert_eq!(
         stderr.lines().last(),
         Some(
-            "setup: could not install Rust with rustup (see the line above): install Rust 1.88 \
+            "setup: could not install Rust with rustup (see the lines above): install Rust 1.88 \
              or later from https://rustup.rs, check that `cargo --version` works, then run \
              this again"
         ),
         "{stderr}"
     );
     assert!(!text(&output.stdout).contains("Rust is in"));
+}
+
+#[test]
+fn setup_fetches_rustup_init_from_the_toolchain_host_when_the_rustup_script_cannot_be() {
+    let machine = FreshMachine::new("setup-direct-init")
+        .with_local_postgres()
+        .with_only_the_toolchain_host();
+    let stdout = machine.run_ok("scripts/setup.sh");
+    assert!(
+        stdout.contains("trying rustup-init from static.rust-lang.org"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("setup: Rust is in ~/.cargo/bin"),
+        "{stdout}"
+    );
+    let downloads: Vec<String> = machine
+        .calls()
+        .into_iter()
+        .filter(|call| call.starts_with("curl"))
+        .collect();
+    assert_eq!(downloads.len(), 2, "{downloads:?}");
+    assert!(
+        downloads[1].contains("https://static.rust-lang.org/rustup/dist/"),
+        "{downloads:?}"
+    );
 }
 
 #[test]
