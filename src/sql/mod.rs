@@ -5,6 +5,7 @@
 pub mod columns;
 pub mod figures;
 pub mod migrations;
+pub mod names;
 pub mod notify;
 pub mod outbox;
 pub mod partitions;
