@@ -71,6 +71,20 @@ impl Cli {
     /// cannot also be one per key.
     pub fn checked(self) -> Result<Cli, clap::Error> {
         let poll = &self.poll;
+        if let Some(Command::Migrate(migrate)) = &self.command
+            && !migrate.adopt
+            && self
+                .database
+                .columns
+                .as_ref()
+                .is_some_and(|names| !names.is_plain())
+        {
+            return Err(Cli::command().error(
+                ErrorKind::MissingRequiredArgument,
+                "migrate --column needs --adopt: the migrations create the contract's own \
+                 column names; --adopt upgrades a table with other names",
+            ));
+        }
         if self.command.is_some() {
             return Ok(self);
         }

@@ -405,7 +405,10 @@ fn any_due(
             )
         })
         .collect();
-    let rows = client.query(&*names::sql(&branches.join(" UNION ALL ")), &[&max_attempts])?;
+    let rows = client.query(
+        &*names::sql(&branches.join(" UNION ALL ")),
+        &[&max_attempts],
+    )?;
     Ok(rows
         .iter()
         .map(|row| row.get::<_, i32>(0) as usize)

@@ -290,8 +290,9 @@ pub fn check(names: &Names, catalog: &Catalog, table: &TableName, what: &str) ->
         let Some(type_name) = catalog.type_of(column) else {
             let fix = match PRODUCERS.contains(&role) {
                 true => format!("name the column that plays it with --column {role}=NAME"),
-                false => "run `outbox-poll migrate --adopt` with the same --column to add it"
-                    .to_string(),
+                false => {
+                    "run `outbox-poll migrate --adopt` with the same --column to add it".to_string()
+                }
             };
             return Err(exit::config(anyhow!(
                 "{what} on table {table}: the column {column}, which plays {role}, does not \
@@ -311,7 +312,10 @@ pub fn check(names: &Names, catalog: &Catalog, table: &TableName, what: &str) ->
 
 /// What `role` needs of its column's type, when `type_name` is not that.
 pub fn misfit(role: &str, type_name: &str) -> Option<&'static str> {
-    let text = matches!(type_name, "text" | "character varying" | "character" | "bpchar");
+    let text = matches!(
+        type_name,
+        "text" | "character varying" | "character" | "bpchar"
+    );
     let integer = matches!(type_name, "smallint" | "integer" | "bigint");
     let timestamp = matches!(
         type_name,
@@ -330,9 +334,7 @@ pub fn misfit(role: &str, type_name: &str) -> Option<&'static str> {
             matches!(type_name, "jsonb" | "json"),
             "jsonb or json, an object",
         ),
-        "created_at" | "published_at" | "available_at" | "expires_at" => {
-            (timestamp, "a timestamp")
-        }
+        "created_at" | "published_at" | "available_at" | "expires_at" => (timestamp, "a timestamp"),
         _ => (text, "text or varchar"),
     };
     (!fits).then_some(expected)

@@ -6,8 +6,8 @@ use anyhow::Result;
 use postgres::Client;
 
 use crate::connect::database::classify_on_table;
-use crate::sql::names;
 use crate::sql::columns;
+use crate::sql::names;
 use crate::sql::outbox::{HORIZON, SEE_SESSIONS_SQL};
 use crate::sql::table::TableName;
 
@@ -178,7 +178,9 @@ pub fn held_back(
          WHERE published_at IS NULL AND attempts < $1::int AND producer_xid >= {HORIZON}",
         table.quoted()
     );
-    let row = tx.query_one(&*names::sql(&sql), &[&max_attempts]).map_err(classify)?;
+    let row = tx
+        .query_one(&*names::sql(&sql), &[&max_attempts])
+        .map_err(classify)?;
     if !row.get::<_, bool>(0) {
         return Ok(None);
     }

@@ -178,7 +178,8 @@ fn dollar(text: &str) -> usize {
     let tag_end = text[1..]
         .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .map_or(text.len(), |end| end + 1);
-    if !text[tag_end..].starts_with('$') || text[1..tag_end].starts_with(|c: char| c.is_ascii_digit())
+    if !text[tag_end..].starts_with('$')
+        || text[1..tag_end].starts_with(|c: char| c.is_ascii_digit())
     {
         return tag_end;
     }

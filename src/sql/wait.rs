@@ -15,8 +15,8 @@ use anyhow::Result;
 use postgres::Client;
 
 use crate::connect::database::classify_on_table;
-use crate::sql::names;
 use crate::sql::columns;
+use crate::sql::names;
 use crate::sql::table::TableName;
 
 /// The events the wait is for.
@@ -100,7 +100,9 @@ pub fn left(
             )),
             &[&max_attempts, snapshot],
         ),
-        Before::MaxId(max_id) => client.query(&*names::sql(&select("id <= $2")), &[&max_attempts, max_id]),
+        Before::MaxId(max_id) => {
+            client.query(&*names::sql(&select("id <= $2")), &[&max_attempts, max_id])
+        }
     }
     .map_err(|error| classify_on_table(&error, WHAT, table))?;
     let row = &rows[0];
