@@ -389,3 +389,20 @@ fn plain_migrate_refuses_a_table_it_did_not_create_and_names_adopt() {
     );
     assert_one_clear_line(&run);
 }
+
+#[test]
+fn requeue_finds_an_event_by_its_uuid_event_id() {
+    let mut fx = debezium("adopt_requeue_uuid");
+    let id = produce(&mut fx, "order", "OrderCreated", "{}");
+    assert_eq!(adopt(&fx, DEBEZIUM).code, 0);
+    fx.execute("UPDATE {table} SET attempts = 10, last_error = 'boom'");
+
+    let run = fx.run(&["--column", DEBEZIUM, "requeue", "--event-id", &id]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let attempts: i32 = fx
+        .db
+        .query_one(&format!("SELECT attempts FROM {}", fx.quoted_table()), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(attempts, 0);
+}
