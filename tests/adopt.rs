@@ -13,7 +13,10 @@ const EXAMPLE: &str = include_str!("../migrations/example_debezium_outbox.sql");
 /// The fixture's table, created by migrations/example_debezium_outbox.sql
 /// as it is shipped, in the fixture's schema.
 fn debezium(test: &str) -> Fixture {
-    let mut fx = Fixture::bare(test);
+    with_debezium_table(Fixture::bare(test))
+}
+
+fn with_debezium_table(mut fx: Fixture) -> Fixture {
     let sql = format!(
         "SET search_path TO \"{}\"; {EXAMPLE}; RESET search_path",
         fx.schema
@@ -405,4 +408,46 @@ fn requeue_finds_an_event_by_its_uuid_event_id() {
         .unwrap()
         .get(0);
     assert_eq!(attempts, 0);
+}
+
+#[test]
+fn the_ordered_modes_serve_an_adopted_table_in_insert_order() {
+    let mut fx = with_debezium_table(Fixture::bare_isolated("adopt_ordered"));
+    let mapping = format!("{DEBEZIUM},ordering_key=aggregateid");
+    let adopted = adopt(&fx, &mapping);
+    assert_eq!(adopted.code, 0, "{}", adopted.stderr);
+    // aggregateid plays ordering_key: adopt adds no column of that name.
+    assert!(
+        !columns(&mut fx)
+            .iter()
+            .any(|(name, _)| name == "ordering_key")
+    );
+    let mut ids: Vec<String> = (0..4)
+        .map(|n| produce(&mut fx, "order", &format!("E{n}"), "{}"))
+        .collect();
+
+    let by_key = fx.run(&[
+        "--column",
+        &mapping,
+        "--ordered-by-key",
+        "--drain",
+        "--json",
+    ]);
+    assert_eq!(
+        (by_key.code, by_key.field("published")),
+        (0, 4),
+        "{}",
+        by_key.stderr
+    );
+    ids.extend((4..6).map(|n| produce(&mut fx, "order", &format!("E{n}"), "{}")));
+    let strict = fx.run(&["--column", &mapping, "--ordered", "--drain", "--json"]);
+    assert_eq!(
+        (strict.code, strict.field("published")),
+        (0, 2),
+        "{}",
+        strict.stderr
+    );
+
+    let arrived: Vec<String> = fx.messages().into_iter().map(|m| m.message_id).collect();
+    assert_eq!(arrived, ids);
 }
