@@ -8,6 +8,8 @@ use std::time::Duration;
 use clap::error::ErrorKind;
 use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
+use crate::sql::names::Names;
+
 /// --max-attempts when not given: the tenth failure makes an event dead.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
 
@@ -69,6 +71,20 @@ impl Cli {
     /// cannot also be one per key.
     pub fn checked(self) -> Result<Cli, clap::Error> {
         let poll = &self.poll;
+        if let Some(Command::Migrate(migrate)) = &self.command
+            && !migrate.adopt
+            && self
+                .database
+                .columns
+                .as_ref()
+                .is_some_and(|names| !names.is_plain())
+        {
+            return Err(Cli::command().error(
+                ErrorKind::MissingRequiredArgument,
+                "migrate --column needs --adopt: the migrations create the contract's own \
+                 column names; --adopt upgrades a table with other names",
+            ));
+        }
         if self.command.is_some() {
             return Ok(self);
         }
@@ -117,6 +133,12 @@ pub struct MigrateArgs {
     /// concurrent producers throughput: see the README, Low latency).
     #[arg(long)]
     pub notify: bool,
+
+    /// Upgrade an existing table the migrations did not create (with
+    /// --column for its names): add only the claim order and the relay's
+    /// own columns and indexes that it lacks, never touching the others.
+    #[arg(long)]
+    pub adopt: bool,
 }
 
 #[derive(Args, Debug)]
@@ -203,6 +225,13 @@ pub struct DatabaseArgs {
     /// ('tenant_*.outbox'), resolved from the catalog at every run.
     #[arg(long, env = "OUTBOX_TABLE", default_value = "outbox", global = true)]
     pub table: String,
+
+    /// The table's own column for each role, for a table the migrations
+    /// did not create: e.g. event_id=id,event_type=type,routing_key=aggregatetype
+    /// (roles: the contract's columns and the optional ones).
+    #[arg(long = "column", env = "OUTBOX_COLUMNS", value_name = "ROLE=NAME,...",
+          global = true, value_parser = Names::parse)]
+    pub columns: Option<Names>,
 
     /// A file listing the databases to serve, one connection string (URL,
     /// key=value or service=NAME) per line; --database-url and the PG*

@@ -13,6 +13,7 @@ use outbox_poll::connect::libpq::process_env;
 use outbox_poll::exit::{self, Exit};
 use outbox_poll::plan::Selection;
 use outbox_poll::report::stderr;
+use outbox_poll::sql::names;
 use outbox_poll::{environment, relay, report};
 
 fn main() -> ExitCode {
@@ -35,6 +36,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<Exit> {
+    if let Some(names) = &cli.database.columns {
+        names::set(names.clone());
+    }
     // Many outboxes: a --table list or pattern, --databases or --shard.
     match Selection::from_args(&cli.database, &process_env) {
         Ok(Some(selection)) => return many(cli, selection),

@@ -5,6 +5,7 @@
 
 mod common;
 
+mod adopt;
 mod broker_connect;
 mod by_key;
 mod columns;

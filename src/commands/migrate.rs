@@ -2,15 +2,18 @@
 //! transaction, under an advisory lock so that two deploys migrating at
 //! once do not collide. The SQL is in migrations/ (see `sql::migrations`).
 
-use anyhow::Result;
+use anyhow::{Result, anyhow};
 use postgres::Transaction;
 
 use crate::cli::MigrateArgs;
 use crate::config::Database;
 use crate::connect::database::{classify, classify_on_table};
-use crate::exit::Exit;
+use crate::exit::{self, Exit};
 use crate::report::stdout;
+use crate::sql::adopt;
+use crate::sql::columns::Catalog;
 use crate::sql::migrations::{self, MIGRATIONS};
+use crate::sql::names;
 use crate::sql::table::TableName;
 
 pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
@@ -31,11 +34,22 @@ pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
     tx.execute(migrations::NAME_THE_TABLE, &[&database.table.quoted()])
         .map_err(|error| classify_on_table(&error, "naming the table", &database.table))?;
     let before = Parts::of(&mut tx, &database.table)?;
+    let adopted = match args.adopt {
+        true => Some(adopt(&mut tx, &database.table)?),
+        false => {
+            refuse_a_foreign_table(&before, &database.table)?;
+            None
+        }
+    };
     if args.notify {
         tx.batch_execute(migrations::OPT_INTO_NOTIFY)
             .map_err(|error| classify(&error, "opting into the notify trigger", "try again"))?;
     }
-    for (name, sql) in MIGRATIONS {
+    // Adopt runs only the notify trigger's migration, which names no column.
+    let migrations = MIGRATIONS
+        .iter()
+        .filter(|(name, _)| adopted.is_none() || *name == NOTIFY);
+    for (name, sql) in migrations {
         tx.batch_execute(&migrations::for_table(sql, &database.table))
             .map_err(|error| {
                 classify_on_table(&error, &format!("applying {name}"), &database.table)
@@ -44,8 +58,71 @@ pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
     let after = Parts::of(&mut tx, &database.table)?;
     tx.commit()
         .map_err(|error| classify(&error, "committing the migration", "try again"))?;
-    stdout::line(&before.report(&after, &database.table)).map_err(stdout::unwritable)?;
+    let mut report = before.report(&after, &database.table);
+    if adopted.is_some_and(|plan| plan.rewrites) {
+        report.push_str(&format!(
+            " (the identity column {} rewrote the table: every row was given its number)",
+            names::current().column("id")
+        ));
+    }
+    stdout::line(&report).map_err(stdout::unwritable)?;
     Ok(Exit::Success)
+}
+
+/// The migration `--adopt --notify` runs.
+const NOTIFY: &str = "0004_notify.sql";
+
+/// `--adopt`: adds what the table lacks (see `sql::adopt`), in the
+/// migration's transaction. Plain CREATE INDEX, not CONCURRENTLY: that
+/// cannot run in a transaction, and adopt is all or nothing. An operator
+/// of a large table creates the indexes CONCURRENTLY beforehand, by the
+/// names the docs give; adopt then finds them.
+fn adopt(tx: &mut Transaction, table: &TableName) -> Result<adopt::Plan> {
+    const WHAT: &str = "reading the table to adopt";
+    let catalog = Catalog::of(tx, table, WHAT)?;
+    let keys = tx
+        .query_one(adopt::KEYS_SQL, &[&table.quoted()])
+        .map_err(|error| classify_on_table(&error, WHAT, table))?;
+    let found = adopt::Found {
+        catalog,
+        primary_key: keys.get(0),
+        indexes: keys.get(1),
+    };
+    let plan = adopt::plan(table, names::current(), &found)?;
+    for sql in &plan.statements {
+        tx.batch_execute(sql)
+            .map_err(|error| classify_on_table(&error, "adopting the table", table))?;
+    }
+    Ok(plan)
+}
+
+/// The columns of the reference article's table that the migrations do
+/// not add: a table without one of them was made by its producers for
+/// another shape, and running the migrations over it would add the
+/// relay's columns and then fail halfway. Adopt is made for it.
+const ARTICLE: [&str; 6] = [
+    "id",
+    "event_id",
+    "event_type",
+    "payload",
+    "created_at",
+    "published_at",
+];
+
+fn refuse_a_foreign_table(before: &Parts, table: &TableName) -> Result<()> {
+    let missing: Vec<&str> = ARTICLE
+        .into_iter()
+        .filter(|column| !before.columns.iter().any(|have| have == column))
+        .collect();
+    if !before.exists || missing.is_empty() {
+        return Ok(());
+    }
+    Err(exit::config(anyhow!(
+        "table {table} was not created by outbox-poll (it has no column {}): adopt it with \
+         `outbox-poll migrate --adopt --table {table}`, adding --column ROLE=NAME for the \
+         columns that play the contract's roles under other names",
+        missing.join(", ")
+    )))
 }
 
 /// What the table has, read before and after the migrations so that

@@ -34,6 +34,7 @@ use crate::exit::Exit;
 use crate::guard::watchdog::{self, Watchdog};
 use crate::report::totals::Totals;
 use crate::report::{plural, stdout};
+use crate::sql::columns;
 use crate::sql::partitions::{self, Dropped, Refusal};
 use crate::sql::prune::{self, Kind};
 use crate::sql::table::TableName;
@@ -60,6 +61,7 @@ pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<Exit> {
         .map_err(|error| {
             database::classify(&error, "setting the statement timeout", "try again")
         })?;
+    columns::check_mapping(&mut client, &database.table, "pruning")?;
     let mut kinds = vec![Kind::Published];
     if args.include_dead {
         kinds.push(Kind::Dead);

@@ -36,6 +36,7 @@ pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<Exit> 
     let _watchdog = Watchdog::for_command(database.connect_budget(), 3, "requeue")?;
     let mut client = super::connect(database)?;
     let table = &database.table;
+    columns::check_mapping(&mut client, table, "requeueing")?;
     let report = if args.dead {
         Report {
             requeued: requeue::dead(&mut client, table, database.max_attempts)?,

@@ -24,6 +24,7 @@ use crate::connect::libpq::Env;
 use crate::connect::secrets;
 use crate::exit;
 use crate::plan::pattern::Entry;
+use crate::sql::names;
 use crate::sql::table::TableName;
 
 /// Tables asked about in one statement. Each is opened (and locked
@@ -404,7 +405,10 @@ fn any_due(
             )
         })
         .collect();
-    let rows = client.query(&branches.join(" UNION ALL "), &[&max_attempts])?;
+    let rows = client.query(
+        &*names::sql(&branches.join(" UNION ALL ")),
+        &[&max_attempts],
+    )?;
     Ok(rows
         .iter()
         .map(|row| row.get::<_, i32>(0) as usize)

@@ -10,6 +10,7 @@ use postgres::Client;
 
 use crate::connect::database::classify_on_table;
 use crate::exit;
+use crate::sql::names::{self, Names};
 use crate::sql::partitions;
 use crate::sql::table::TableName;
 
@@ -130,8 +131,14 @@ impl Shape {
     }
 }
 
-/// Looks the table's shape up; `what` names the step for the error.
+/// Looks the table's shape up; `what` names the step for the error. With
+/// --column, the columns are those the mapping names, checked first (see
+/// `check`).
 pub fn of_table(client: &mut Client, table: &TableName, what: &str) -> Result<Shape> {
+    let names = names::current();
+    if !names.is_plain() {
+        return of_mapped_table(client, table, what, names);
+    }
     let row = client
         .query_one(&lookup(), &[&table.quoted()])
         .map_err(|error| classify_on_table(&error, what, table))?;
@@ -158,4 +165,177 @@ pub fn of_table(client: &mut Client, table: &TableName, what: &str) -> Result<Sh
         }
     }
     Ok(shape)
+}
+
+/// With --column: every column of the table and its type, in one
+/// statement as the plain lookup is, and whether it is partitioned.
+/// `relation` is the table's oid as an expression of $1.
+fn mapped_lookup(relation: &str) -> String {
+    format!(
+        "SELECT array(SELECT a.attname::text FROM pg_attribute a \
+                      WHERE a.attrelid = t.oid AND a.attnum > 0 AND NOT a.attisdropped \
+                      ORDER BY a.attnum), \
+                array(SELECT format_type(CASE WHEN ty.typtype = 'd' THEN ty.typbasetype \
+                                              ELSE ty.oid END, NULL) \
+                      FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid \
+                      WHERE a.attrelid = t.oid AND a.attnum > 0 AND NOT a.attisdropped \
+                      ORDER BY a.attnum), \
+                {} \
+         FROM (SELECT {} AS oid) t",
+        partitions::BY_CREATED_AT,
+        relation
+    )
+}
+
+/// A table's columns, each with its type (a domain's base type).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Catalog {
+    pub columns: Vec<(String, String)>,
+}
+
+impl Catalog {
+    /// Reads the columns of `table` (none when it does not exist).
+    pub fn of(
+        client: &mut impl postgres::GenericClient,
+        table: &TableName,
+        what: &str,
+    ) -> Result<Catalog> {
+        let row = client
+            .query_one(&mapped_lookup("to_regclass($1)"), &[&table.quoted()])
+            .map_err(|error| classify_on_table(&error, what, table))?;
+        Ok(Catalog::from_row(&row))
+    }
+
+    fn from_row(row: &postgres::Row) -> Catalog {
+        let (names, types): (Vec<String>, Vec<String>) = (row.get(0), row.get(1));
+        Catalog {
+            columns: names.into_iter().zip(types).collect(),
+        }
+    }
+
+    /// The type of the column `name`, None when the table has no such column.
+    pub fn type_of(&self, name: &str) -> Option<&str> {
+        self.columns
+            .iter()
+            .find(|(column, _)| column == name)
+            .map(|(_, type_name)| type_name.as_str())
+    }
+}
+
+fn of_mapped_table(
+    client: &mut Client,
+    table: &TableName,
+    what: &str,
+    names: &Names,
+) -> Result<Shape> {
+    let row = client
+        .query_one(&mapped_lookup("$1::text::regclass"), &[&table.quoted()])
+        .map_err(|error| classify_on_table(&error, what, table))?;
+    let catalog = Catalog::from_row(&row);
+    check(names, &catalog, table, what)?;
+    let has = |role: &str| catalog.type_of(names.column(role)).is_some();
+    Ok(Shape {
+        columns: Columns {
+            headers: has("headers"),
+            routing_key: has("routing_key"),
+            ordering_key: has("ordering_key"),
+            producer_xid: catalog.type_of("producer_xid").is_some(),
+            exchange: has("exchange"),
+            content_type: has("content_type"),
+            content_encoding: has("content_encoding"),
+            correlation_id: has("correlation_id"),
+            priority: has("priority"),
+            expires_at: has("expires_at"),
+        },
+        payload_type: catalog.type_of(names.column("payload")).map(str::to_owned),
+        last_error: has("last_error"),
+        by_created_at: row.get(2),
+    })
+}
+
+/// With --column, checks the mapping against the table (see `check`),
+/// for a command that has no other use for its shape; the plain table is
+/// asked nothing more.
+pub fn check_mapping(client: &mut Client, table: &TableName, what: &str) -> Result<()> {
+    match names::current().is_plain() {
+        true => Ok(()),
+        false => of_table(client, table, what).map(drop),
+    }
+}
+
+/// The roles every command reads, which a table must have whatever
+/// --column says; the optional ones are checked only where --column
+/// names them.
+const REQUIRED: [&str; 8] = [
+    "id",
+    "event_id",
+    "event_type",
+    "payload",
+    "created_at",
+    "published_at",
+    "attempts",
+    "available_at",
+];
+
+/// The roles the producers' columns play: `migrate --adopt` cannot add them.
+pub const PRODUCERS: [&str; 3] = ["event_id", "event_type", "payload"];
+
+/// With --column: each required role, and each role --column names, is
+/// played by a column that exists and whose type can play it (78 naming
+/// the column, its type and the role, otherwise).
+pub fn check(names: &Names, catalog: &Catalog, table: &TableName, what: &str) -> Result<()> {
+    let given = names.given().iter().map(|(role, _)| *role);
+    for role in REQUIRED.into_iter().chain(given) {
+        let column = names.column(role);
+        let Some(type_name) = catalog.type_of(column) else {
+            let fix = match PRODUCERS.contains(&role) {
+                true => format!("name the column that plays it with --column {role}=NAME"),
+                false => {
+                    "run `outbox-poll migrate --adopt` with the same --column to add it".to_string()
+                }
+            };
+            return Err(exit::config(anyhow!(
+                "{what} on table {table}: the column {column}, which plays {role}, does not \
+                 exist; {fix}"
+            )));
+        };
+        if let Some(expected) = misfit(role, type_name) {
+            return Err(exit::config(anyhow!(
+                "{what} on table {table}: the column {column} is of type {type_name}, which \
+                 cannot play {role} ({expected}); map {role} to another column with \
+                 --column {role}=NAME"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What `role` needs of its column's type, when `type_name` is not that.
+pub fn misfit(role: &str, type_name: &str) -> Option<&'static str> {
+    let text = matches!(
+        type_name,
+        "text" | "character varying" | "character" | "bpchar"
+    );
+    let integer = matches!(type_name, "smallint" | "integer" | "bigint");
+    let timestamp = matches!(
+        type_name,
+        "timestamp with time zone" | "timestamp without time zone"
+    );
+    let (fits, expected) = match role {
+        // Any type has a text form: a uuid becomes its usual spelling.
+        "event_id" => (true, ""),
+        "id" => (integer, "an integer, the claim order"),
+        "attempts" | "priority" => (integer, "an integer"),
+        "payload" => (
+            Payload::named(type_name).is_some(),
+            "jsonb, json, text or bytea",
+        ),
+        "headers" => (
+            matches!(type_name, "jsonb" | "json"),
+            "jsonb or json, an object",
+        ),
+        "created_at" | "published_at" | "available_at" | "expires_at" => (timestamp, "a timestamp"),
+        _ => (text, "text or varchar"),
+    };
+    (!fits).then_some(expected)
 }

@@ -7,6 +7,7 @@ use postgres::Client;
 
 use crate::connect::database::classify_on_table;
 use crate::sql::columns;
+use crate::sql::names;
 use crate::sql::outbox::{HORIZON, SEE_SESSIONS_SQL};
 use crate::sql::table::TableName;
 
@@ -131,7 +132,7 @@ pub fn due(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<
         table.quoted()
     );
     let row = client
-        .query_one(&sql, &[&max_attempts])
+        .query_one(&*names::sql(&sql), &[&max_attempts])
         .map_err(|error| classify_on_table(&error, "counting the due events", table))?;
     Ok(row.get(0))
 }
@@ -177,7 +178,9 @@ pub fn held_back(
          WHERE published_at IS NULL AND attempts < $1::int AND producer_xid >= {HORIZON}",
         table.quoted()
     );
-    let row = tx.query_one(&sql, &[&max_attempts]).map_err(classify)?;
+    let row = tx
+        .query_one(&*names::sql(&sql), &[&max_attempts])
+        .map_err(classify)?;
     if !row.get::<_, bool>(0) {
         return Ok(None);
     }
@@ -216,7 +219,7 @@ pub fn held_back_keys(
         table.quoted()
     );
     let row = client
-        .query_one(&sql, &[&max_attempts])
+        .query_one(&*names::sql(&sql), &[&max_attempts])
         .map_err(|error| classify_on_table(&error, WHAT, table))?;
     Ok(Some(row.get(0)))
 }
@@ -269,7 +272,7 @@ pub fn held_keys(
         t = table.quoted()
     );
     let rows = client
-        .query(&sql, &[&max_attempts])
+        .query(&*names::sql(&sql), &[&max_attempts])
         .map_err(|error| classify_on_table(&error, WHAT, table))?;
     Ok(Some(
         rows.iter()
@@ -299,7 +302,7 @@ fn query(
     let expires = columns::of_table(client, table, WHAT)?.columns.expires_at;
     let rows = client
         .query(
-            &figures_sql(&table.quoted(), group, expires),
+            &*names::sql(&figures_sql(&table.quoted(), group, expires)),
             &[&max_attempts],
         )
         .map_err(|error| classify_on_table(&error, WHAT, table))?;

@@ -80,7 +80,7 @@ const MAX_IDENTIFIER_BYTES: usize = 63;
 /// `<table>_<suffix>`, or, where that is longer than PostgreSQL keeps, the
 /// table's name cut short, a hash of the whole name and the suffix: still
 /// distinct for each suffix and each table, and the same at every migrate.
-fn object_name(table: &str, suffix: &str) -> String {
+pub fn object_name(table: &str, suffix: &str) -> String {
     let full = format!("{table}_{suffix}");
     if full.len() <= MAX_IDENTIFIER_BYTES {
         return full;

@@ -2,9 +2,11 @@
 //! is built with (quoted, validated: no SQL is ever built from unchecked
 //! input). The migrations themselves are the files in migrations/.
 
+pub mod adopt;
 pub mod columns;
 pub mod figures;
 pub mod migrations;
+pub mod names;
 pub mod notify;
 pub mod outbox;
 pub mod partitions;

@@ -25,6 +25,7 @@ use crate::cli::OnPublish;
 use crate::connect::database::{classify_on_table, describe};
 use crate::exit;
 use crate::sql::columns::{self, Columns, Payload};
+use crate::sql::names;
 use crate::sql::table::TableName;
 
 /// Backoff after a failed attempt: `BACKOFF_BASE * 2^attempts`, capped at
@@ -654,10 +655,11 @@ const SELECTED_BYTEA: &str = "id::bigint, event_id::text, event_type::text, payl
 /// What the error of a statement that cannot be prepared says was going on.
 const PREPARING: &str = "preparing the queries";
 
-/// Prepares `sql`; a missing column or table names the command that fixes it.
+/// Prepares `sql`, in the table's column names (`sql::names`); a missing
+/// column or table names the command that fixes it.
 fn prepare(client: &mut Client, sql: &str, table: &TableName) -> Result<Statement> {
     client
-        .prepare(sql)
+        .prepare(&names::sql(sql))
         .map_err(|error| classify_on_table(&error, PREPARING, table))
 }
 

@@ -19,6 +19,7 @@ use postgres::Client;
 use postgres::error::SqlState;
 
 use crate::connect::database::classify_on_table;
+use crate::sql::names;
 use crate::sql::table::TableName;
 
 /// Whether the relation `t.oid` is partitioned by range on a timestamptz
@@ -115,11 +116,11 @@ pub fn droppable_rows(
 ) -> Result<Option<i64>> {
     let row = client
         .query_one(
-            &format!(
+            &*names::sql(&format!(
                 "SELECT count(*), count(*) FILTER (WHERE published_at IS NULL \
                    OR published_at >= now() - make_interval(secs => $1)) FROM {}",
                 partition.quoted()
-            ),
+            )),
             &[&age.as_secs_f64()],
         )
         .map_err(|error| {
@@ -333,10 +334,10 @@ pub fn detach_and_drop(
     }
     let pending = transaction
         .query_one(
-            &format!(
+            &*names::sql(&format!(
                 "SELECT EXISTS (SELECT FROM {} WHERE published_at IS NULL)",
                 partition.quoted()
-            ),
+            )),
             &[],
         )
         .map_err(|error| drop_error(&error, table, partition))?;

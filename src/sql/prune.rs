@@ -10,6 +10,7 @@ use postgres::{Client, Statement};
 
 use crate::connect::database::{classify_on_table, describe};
 use crate::exit;
+use crate::sql::names;
 use crate::sql::table::TableName;
 
 /// Which rows a pass deletes.
@@ -49,11 +50,11 @@ pub fn count(
 ) -> Result<i64> {
     let row = client
         .query_one(
-            &format!(
+            &*names::sql(&format!(
                 "SELECT count(*) FROM {} WHERE {}",
                 table.quoted(),
                 kind.condition(max_attempts)
-            ),
+            )),
             &[&age.as_secs_f64()],
         )
         .map_err(|error| classify_on_table(&error, "counting old events", table))?;
@@ -73,13 +74,13 @@ pub fn prepare_delete(
     max_attempts: i32,
 ) -> Result<Statement> {
     client
-        .prepare(&format!(
+        .prepare(&names::sql(&format!(
             "DELETE FROM {t} WHERE id IN ( \
                SELECT id FROM {t} WHERE {condition} ORDER BY id LIMIT $2) \
              AND {condition}",
             condition = kind.condition(max_attempts),
             t = table.quoted()
-        ))
+        )))
         .map_err(|error| privilege_error(&error, table))
 }
 

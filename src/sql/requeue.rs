@@ -6,6 +6,7 @@ use anyhow::Result;
 use postgres::Client;
 
 use crate::connect::database::classify_on_table;
+use crate::sql::names;
 use crate::sql::table::TableName;
 
 const RESET: &str = "attempts = 0, last_error = NULL, available_at = now()";
@@ -22,10 +23,10 @@ pub enum Named {
 pub fn dead(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<u64> {
     client
         .execute(
-            &format!(
+            &*names::sql(&format!(
                 "UPDATE {} SET {RESET} WHERE published_at IS NULL AND attempts >= $1::int",
                 table.quoted()
-            ),
+            )),
             &[&max_attempts],
         )
         .map_err(|error| classify_on_table(&error, "requeueing", table))
@@ -38,20 +39,27 @@ pub fn by_event_id(
     table: &TableName,
     event_ids: &[&str],
 ) -> Result<Vec<(String, Named)>> {
+    // A mapped event_id may be of any type with a text form (a uuid):
+    // the ids given are text, so it is compared as text. The plain
+    // table's text column keeps its statement, and its index.
+    let (event_id, returned) = match names::current().is_plain() {
+        true => ("event_id", "event_id"),
+        false => ("event_id::text", "event_id::text AS event_id"),
+    };
     let rows = client
         .query(
-            &format!(
+            &*names::sql(&format!(
                 "WITH requeued AS ( \
                    UPDATE {t} SET {RESET} \
-                   WHERE event_id = ANY($1) AND published_at IS NULL \
-                   RETURNING event_id) \
+                   WHERE {event_id} = ANY($1) AND published_at IS NULL \
+                   RETURNING {returned}) \
                  SELECT w.id, r.event_id IS NOT NULL, o.event_id IS NOT NULL \
                  FROM unnest($1::text[]) AS w(id) \
                  LEFT JOIN requeued r ON r.event_id = w.id \
-                 LEFT JOIN {t} o ON o.event_id = w.id \
+                 LEFT JOIN {t} o ON o.{event_id} = w.id \
                  ORDER BY w.id",
                 t = table.quoted()
-            ),
+            )),
             &[&event_ids],
         )
         .map_err(|error| classify_on_table(&error, "requeueing", table))?;
@@ -85,7 +93,7 @@ pub fn by_key(
     };
     let rows = client
         .query(
-            &format!(
+            &*names::sql(&format!(
                 "WITH heads AS ( \
                    SELECT k.key, ( \
                      SELECT id FROM {t} WHERE ordering_key = k.key AND published_at IS NULL \
@@ -99,7 +107,7 @@ pub fn by_key(
                  SELECT h.key, r.id IS NOT NULL FROM heads h \
                  LEFT JOIN requeued r ON r.id = h.id ORDER BY h.key",
                 t = table.quoted()
-            ),
+            )),
             &[&keys, &max_attempts],
         )
         .map_err(|error| classify_on_table(&error, "requeueing", table))?;

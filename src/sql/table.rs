@@ -70,6 +70,16 @@ fn as_typed(part: &str) -> String {
     }
 }
 
+/// One identifier (a column's name), parsed as a part of a table's name
+/// is: plain folds to lower case, `"Quoted"` is kept as written.
+pub fn identifier(text: &str) -> Result<String, String> {
+    let mut parts = split_parts(text)?;
+    match (parts.pop(), parts.is_empty()) {
+        (Some(part), true) => Ok(part),
+        _ => Err("a column's name has one part, without a dot".into()),
+    }
+}
+
 /// Quotes one identifier, doubling any double quote in it as PostgreSQL
 /// reads them. Parsed parts hold none; the catalog's names may.
 pub fn quote(identifier: &str) -> String {

@@ -16,6 +16,7 @@ use postgres::Client;
 
 use crate::connect::database::classify_on_table;
 use crate::sql::columns;
+use crate::sql::names;
 use crate::sql::table::TableName;
 
 /// The events the wait is for.
@@ -58,7 +59,7 @@ pub fn start(client: &mut Client, table: &TableName) -> Result<Horizon> {
         ),
     };
     let row = client
-        .query_one(&sql, &[])
+        .query_one(&*names::sql(&sql), &[])
         .map_err(|error| classify_on_table(&error, WHAT, table))?;
     let before = match by_xid {
         true => Before::Snapshot(row.get(0)),
@@ -93,13 +94,15 @@ pub fn left(
     };
     let rows = match &horizon.before {
         Before::Snapshot(snapshot) => client.query(
-            &select(
+            &*names::sql(&select(
                 "(producer_xid IS NULL \
                   OR pg_visible_in_snapshot(producer_xid, $2::text::pg_snapshot))",
-            ),
+            )),
             &[&max_attempts, snapshot],
         ),
-        Before::MaxId(max_id) => client.query(&select("id <= $2"), &[&max_attempts, max_id]),
+        Before::MaxId(max_id) => {
+            client.query(&*names::sql(&select("id <= $2")), &[&max_attempts, max_id])
+        }
     }
     .map_err(|error| classify_on_table(&error, WHAT, table))?;
     let row = &rows[0];
