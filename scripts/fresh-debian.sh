@@ -26,6 +26,7 @@ say() { echo "==> fresh-debian: $*"; }
 [ "$(id -u)" = 0 ] || { echo "fresh-debian: run as root (debootstrap, chroot, ip netns)" >&2; exit 1; }
 
 root=$(mktemp -d /var/tmp/outbox-poll-fresh.XXXXXX)
+chmod 755 "$root" # mktemp makes it 0700: the root of a system its users must enter
 ns="outbox-poll-fresh-$$"
 started=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - started ))s"; }
@@ -60,8 +61,18 @@ say "installing setup.sh's packages (services not started)"
 in_root apt-get update -qq
 in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     postgresql postgresql-client rabbitmq-server prometheus gcc libc6-dev libpq-dev pkg-config \
-    curl >/dev/null
+    curl >"$root.apt.log" 2>&1 || { tail -n 40 "$root.apt.log"; exit 1; }
 rm "$root/usr/sbin/policy-rc.d"
+# pg_createcluster gave the new cluster the first free port, and in this
+# phase the host's PostgreSQL holds 5432 on the shared network: a fresh
+# machine's cluster has 5432.
+sed -i 's/^port = .*/port = 5432/' "$root"/etc/postgresql/*/main/postgresql.conf
+# The certificates this machine trusts beyond Debian's (a proxy's, where
+# the registries are reached through one), for phase 1's downloads.
+if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+    cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+    in_root update-ca-certificates >/dev/null
+fi
 say "copying this machine's Rust toolchain ($(cargo --version))"
 mkdir -p "$root/root/.cargo"
 cp -a "$HOME/.rustup" "$root/root/.rustup"
