@@ -2,6 +2,7 @@
 //! is built with (quoted, validated: no SQL is ever built from unchecked
 //! input). The migrations themselves are the files in migrations/.
 
+pub mod check;
 pub mod columns;
 pub mod figures;
 pub mod migrations;
