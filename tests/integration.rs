@@ -7,6 +7,7 @@ mod common;
 
 mod broker_connect;
 mod by_key;
+mod check;
 mod columns;
 mod commit_order;
 mod database_connect;
