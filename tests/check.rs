@@ -359,3 +359,13 @@ fn a_poll_option_given_before_check_is_refused_rather_than_left_unchecked() {
         run.stderr
     );
 }
+
+#[test]
+fn check_names_a_column_the_marks_cannot_write_and_exits_78() {
+    let mut fx = Fixture::new("check_bad_last_error");
+    // Only the marks write last_error: a run would find out after the
+    // broker had its first failed batch.
+    fx.execute("ALTER TABLE {table} ALTER COLUMN last_error TYPE integer USING NULL");
+    let run = fx.run(&["check"]);
+    assert_failed(&run, 78, "columns", &["last_error"]);
+}
