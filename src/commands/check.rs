@@ -35,11 +35,12 @@ use serde_json::{Value, json};
 use crate::broker::probe;
 use crate::cli::{CheckArgs, OnPublish};
 use crate::config::{Database, Relay};
-use crate::connect::database::READ_ONLY_ADVICE;
+use crate::connect::database::{READ_ONLY_ADVICE, STATEMENT_TIMEOUT};
 use crate::exit::{self, Exit};
-use crate::guard::watchdog::Watchdog;
+use crate::guard::watchdog::{MARGIN, Watchdog};
 use crate::plan::Selection;
 use crate::relay::many::most_urgent;
+use crate::report::totals::Totals;
 use crate::report::{stderr, stdout};
 use crate::sql::check::{self as sql, Session};
 use crate::sql::columns;
@@ -76,7 +77,9 @@ struct Check {
 /// `check` on the one outbox of `database`.
 pub fn run(database: &Database, json: bool, args: &CheckArgs) -> Result<Exit> {
     let relay = Relay::from_args(&args.poll, database)?;
-    let _watchdog = watchdog(database.connect_budget(), 1, &relay)?;
+    let watchdog = Watchdog::spawn(|_| {})?;
+    let whole = budget(database.connect_budget(), 1, &relay);
+    watchdog.arm(whole, "checking", Totals::default());
     let mut passed = Vec::new();
     let failure = database_chain(database, &relay, None, &mut passed).err();
     let mut checks = chain(&DATABASE_CHECKS, passed, failure, None);
@@ -92,10 +95,24 @@ pub fn run_many(selection: &Selection, json: bool, args: &CheckArgs) -> Result<E
         selection.connect_budget(),
         selection.most_hosts(),
     )?;
+    let watchdog = Watchdog::spawn(|_| {})?;
+    let per_connect = selection.connect_budget();
+    // The plan: each database's connect and its few catalog statements.
+    let servers = u32::try_from(selection.servers.len()).unwrap_or(u32::MAX);
+    let plan_budget = per_connect
+        .saturating_mul(servers)
+        .saturating_add(STATEMENT_TIMEOUT.saturating_mul(servers.saturating_mul(4)))
+        .saturating_add(MARGIN);
+    watchdog.arm(plan_budget, "resolving the selection", Totals::default());
     let mut plan = super::plan(selection)?;
     let outboxes = plan.outboxes.len() + plan.unread.len();
-    let connects = selection.connect_budget() * u32::try_from(outboxes + 1).unwrap_or(u32::MAX);
-    let _watchdog = watchdog(connects, outboxes, &relay)?;
+    // A connect for each outbox whose database the plan kept no session of.
+    let connects = per_connect.saturating_mul(u32::try_from(outboxes).unwrap_or(u32::MAX));
+    watchdog.arm(
+        budget(connects, outboxes, &relay),
+        "checking",
+        Totals::default(),
+    );
     let mut checks = Vec::new();
     for unread in plan.unread.drain(..) {
         // The plan could not read the database, or a table listed by name
@@ -123,17 +140,19 @@ pub fn run_many(selection: &Selection, json: bool, args: &CheckArgs) -> Result<E
     report(&checks, json)
 }
 
-/// One budget for the whole check, should a server stop answering in the
-/// middle of a statement (the driver would wait on it for ever): each
-/// connect, each outbox's statements, and the broker's steps (its connect,
-/// then two channels, a declare, tx.select and the publish).
-fn watchdog(connects: Duration, outboxes: usize, relay: &Relay) -> Result<Watchdog> {
+/// The budget of the checks, should a server stop answering in the middle
+/// of a statement (the driver would wait on it for ever): the database
+/// connects, each outbox's statements, and the broker's steps (its
+/// connect, then two channels, a declare, tx.select and the publish).
+fn budget(connects: Duration, outboxes: usize, relay: &Relay) -> Duration {
     let broker = &relay.broker;
     let statements = u32::try_from(outboxes)
         .unwrap_or(u32::MAX)
         .saturating_mul(STATEMENTS_PER_OUTBOX);
-    let broker_budget = broker.connect_budget() + 5 * broker.connect_timeout;
-    Watchdog::for_command(connects + broker_budget, statements, "check")
+    let broker_steps = broker.connect_budget() + 5 * broker.connect_timeout;
+    connects
+        .saturating_add(STATEMENT_TIMEOUT.saturating_mul(statements))
+        .saturating_add(broker_steps + MARGIN)
 }
 
 /// The database's checks on one outbox, in order (DATABASE_CHECKS): the
