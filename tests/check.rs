@@ -369,3 +369,32 @@ fn check_names_a_column_the_marks_cannot_write_and_exits_78() {
     let run = fx.run(&["check"]);
     assert_failed(&run, 78, "columns", &["last_error"]);
 }
+
+#[test]
+fn check_says_where_postgresql_is_and_that_it_is_reached_without_tls() {
+    let fx = Fixture::new("check_where");
+    let url = format!("{}?sslmode=disable", fx.database_url);
+    let run = fx.run_with(&[("DATABASE_URL", &url)], &["check"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let line = run
+        .stdout
+        .lines()
+        .find(|line| line.contains("postgresql"))
+        .unwrap_or_default();
+    let config: postgres::Config = database_url().parse().unwrap();
+    let port = config.get_ports()[0];
+    assert!(line.contains(&format!(":{port}")), "{line}");
+    assert!(line.contains("without TLS"), "{line}");
+}
+
+#[test]
+fn check_on_a_read_only_session_exits_69_saying_it_takes_no_writes() {
+    let fx = Fixture::new("check_read_only");
+    // As a hot standby's sessions are: every transaction read-only.
+    let url = format!(
+        "{}?options=-c%20default_transaction_read_only%3Don",
+        fx.database_url
+    );
+    let run = fx.run_with(&[("DATABASE_URL", &url)], &["check"]);
+    assert_failed(&run, 69, "postgresql", &["takes no writes", "primary"]);
+}
