@@ -70,7 +70,6 @@ impl Cli {
     /// two ordered modes exclude each other: one order for the whole table
     /// cannot also be one per key.
     pub fn checked(self) -> Result<Cli, clap::Error> {
-        let poll = &self.poll;
         if let Some(Command::Migrate(migrate)) = &self.command
             && !migrate.adopt
             && self
@@ -85,9 +84,13 @@ impl Cli {
                  column names; --adopt upgrades a table with other names",
             ));
         }
-        if self.command.is_some() {
-            return Ok(self);
-        }
+        let poll = match &self.command {
+            None => &self.poll,
+            // `check` judges a poll's configuration: one the poll refuses
+            // is refused here too.
+            Some(Command::Check(args)) => &args.poll,
+            Some(_) => return Ok(self),
+        };
         if poll.follow && !poll.dry_run && poll.max_duration.is_none() {
             return Err(Cli::command().error(
                 ErrorKind::MissingRequiredArgument,
@@ -118,6 +121,9 @@ pub enum Command {
     Prune(PruneArgs),
     /// Block until every event committed before it started is published or dead.
     Wait(WaitArgs),
+    /// Can this configuration relay? Both servers, the table, the exchange,
+    /// the grants; publishes and changes nothing.
+    Check(CheckArgs),
     /// Print a shell completion script on stdout.
     Completions {
         /// The shell to complete for.
@@ -179,6 +185,14 @@ pub struct RequeueArgs {
     /// so the key's events go again (repeat or list several).
     #[arg(long, value_name = "KEY", num_args = 1..)]
     pub key: Vec<String>,
+}
+
+/// `check` takes every option of the poll it checks, after its name
+/// (`outbox-poll check --exchange events`) or from their variables.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub poll: PollArgs,
 }
 
 #[derive(Args, Debug)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 
 use crate::broker::publisher::BrokerConfig;
-use crate::cli::{Cli, DatabaseArgs, OnPublish, PollArgs};
+use crate::cli::{DatabaseArgs, OnPublish, PollArgs};
 use crate::connect::amqp_url::amqp_nodes;
 use crate::connect::conninfo::{self, Account, ConnInfo, SystemFiles};
 use crate::connect::database::{self, STATEMENT_TIMEOUT};
@@ -109,25 +109,26 @@ impl Database {
 }
 
 impl Relay {
-    pub fn from_cli(cli: &Cli, database: &Database) -> Result<Self> {
+    /// The run `args` configure, on `database`: a poll's, or the one
+    /// `check` checks.
+    pub fn from_args(args: &PollArgs, database: &Database) -> Result<Self> {
         Relay::for_sessions(
-            cli,
+            args,
             database.connect_timeout,
             database.connect_budget(),
             database.conninfo.targets.len(),
         )
     }
 
-    /// As `from_cli`, for sessions whose connect takes at most
+    /// As `from_args`, for sessions whose connect takes at most
     /// `session_connect_budget`, over at most `hosts` hosts: those of the
     /// one database, or the longest of a `--databases` file's.
     pub fn for_sessions(
-        cli: &Cli,
+        args: &PollArgs,
         connect_timeout: Duration,
         session_connect_budget: Duration,
         hosts: usize,
     ) -> Result<Self> {
-        let args: &PollArgs = &cli.poll;
         // The file variable and the flag exclude each other (environment.rs).
         let from_file = secrets::read(&secrets::AMQP)?;
         let url = from_file.as_deref().unwrap_or(&args.amqp_url);

@@ -56,6 +56,7 @@ pub fn parse() -> Cli {
             .exit();
     }
     url_sources(&mut command, &matches);
+    poll_options_before_check(&mut command, &matches);
     Cli::from_arg_matches(&matches)
         .and_then(Cli::checked)
         .unwrap_or_else(|error| error.exit())
@@ -76,6 +77,26 @@ fn url_sources(command: &mut Command, matches: &ArgMatches) {
     }
     if let Some(warning) = secrets::warning(&with_password) {
         stderr::line(&warning);
+    }
+}
+
+/// `check` reads the poll's options given after its name (or by their
+/// variables): one given before it is refused (exit 2) rather than
+/// silently left out of what is checked.
+fn poll_options_before_check(command: &mut Command, matches: &ArgMatches) {
+    if matches.subcommand_name() != Some("check") {
+        return;
+    }
+    let before = command.get_arguments().find(|arg| {
+        !arg.is_global_set()
+            && matches.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine)
+    });
+    if let Some(flag) = before.and_then(Arg::get_long).map(str::to_owned) {
+        let message = format!(
+            "--{flag} is given before `check`, which reads the poll's options after its name: \
+             outbox-poll check --{flag} ..."
+        );
+        command.error(ErrorKind::ArgumentConflict, message).exit();
     }
 }
 

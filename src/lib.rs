@@ -15,7 +15,7 @@
 //! - [`broker`]: the RabbitMQ side of a batch: pipelined publishes, the
 //!   confirms, and whose fault each failure is;
 //! - [`sql`]: every statement the program sends, and the table's name;
-//! - [`commands`]: the subcommands (status, requeue, prune, migrate,
+//! - [`commands`]: the subcommands (status, requeue, prune, migrate, check,
 //!   completions and the manual page);
 //! - [`report`]: what a run tells: stdout, the JSON summary, the metrics
 //!   file, the progress bar, the log;

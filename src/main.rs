@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use outbox_poll::cli::{Cli, Command};
 use outbox_poll::commands;
-use outbox_poll::commands::{generate, migrate, prune, requeue, status, wait};
+use outbox_poll::commands::{check, generate, migrate, prune, requeue, status, wait};
 use outbox_poll::config::{Database, Relay};
 use outbox_poll::connect::libpq::process_env;
 use outbox_poll::exit::{self, Exit};
@@ -50,7 +50,7 @@ fn run(cli: &Cli) -> Result<Exit> {
     match &cli.command {
         None => {
             let settings = database.and_then(|database| {
-                let relay = Relay::from_cli(cli, &database)?;
+                let relay = Relay::from_args(&cli.poll, &database)?;
                 Ok((database, relay))
             });
             relay::run(cli.json, settings)
@@ -60,6 +60,7 @@ fn run(cli: &Cli) -> Result<Exit> {
         Some(Command::Requeue(args)) => requeue::run(&database?, cli.json, args),
         Some(Command::Prune(args)) => prune::run(&database?, cli.json, args),
         Some(Command::Wait(args)) => wait::run(&database?, cli.json, args),
+        Some(Command::Check(args)) => check::run(&database?, cli.json, args),
         Some(Command::Completions { shell }) => generate::completions(*shell),
         Some(Command::Man) => generate::man(),
     }
@@ -70,7 +71,7 @@ fn many(cli: &Cli, selection: Selection) -> Result<Exit> {
     match &cli.command {
         None => {
             let relay = Relay::for_sessions(
-                cli,
+                &cli.poll,
                 selection.connect_timeout,
                 selection.connect_budget(),
                 selection.most_hosts(),
@@ -88,6 +89,7 @@ fn many(cli: &Cli, selection: Selection) -> Result<Exit> {
         Some(Command::Wait(args)) => {
             each(&selection, |database| wait::run(database, cli.json, args))
         }
+        Some(Command::Check(args)) => check::run_many(&selection, cli.json, args),
         Some(Command::Completions { shell }) => generate::completions(*shell),
         Some(Command::Man) => generate::man(),
     }

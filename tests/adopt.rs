@@ -451,3 +451,14 @@ fn the_ordered_modes_serve_an_adopted_table_in_insert_order() {
     let arrived: Vec<String> = fx.messages().into_iter().map(|m| m.message_id).collect();
     assert_eq!(arrived, ids);
 }
+
+#[test]
+fn check_passes_on_an_adopted_table_reading_its_grants_under_the_tables_own_column_names() {
+    let mut fx = debezium("adopt_check");
+    produce(&mut fx, "order", "OrderCreated", r#"{"id": 1}"#);
+    assert_eq!(adopt(&fx, DEBEZIUM).code, 0);
+    let run = fx.run(&["--column", DEBEZIUM, "check"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("grants"), "{}", run.stdout);
+    assert!(fx.messages().is_empty());
+}

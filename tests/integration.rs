@@ -8,6 +8,7 @@ mod common;
 mod adopt;
 mod broker_connect;
 mod by_key;
+mod check;
 mod columns;
 mod commit_order;
 mod database_connect;

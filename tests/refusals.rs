@@ -3,9 +3,10 @@
 //! while the run goes on) is the operator's to fix: exit 78, no attempt
 //! counted, nothing marked but what the broker confirmed.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
+use crate::common::broker_user::BrokerUser;
 use crate::common::proxy::Proxy;
 use crate::common::{
     Fixture, Run, amqp_addr, amqp_url_via, assert_one_clear_line, assert_untouched, wait_until,
@@ -45,51 +46,6 @@ fn publishing_to_an_internal_exchange_exits_78_and_blames_none_of_20000_events()
     assert_refused(&run, "ACCESS_REFUSED");
     assert_eq!((run.field("published"), run.field("failed")), (0, 0));
     assert_nothing_published_or_blamed(&mut fx);
-}
-
-/// A RabbitMQ user of the test's own, made and removed with rabbitmqctl
-/// (the shared broker's own users are never touched).
-struct BrokerUser {
-    name: String,
-}
-
-impl BrokerUser {
-    /// A user that may configure and read everything in vhost `/` and
-    /// write nothing.
-    fn without_write(test: &str) -> BrokerUser {
-        let name = format!("outbox_poll_test_{}_{test}", std::process::id());
-        let user = BrokerUser { name };
-        user.ctl(&["add_user", &user.name, "secret"]);
-        user.ctl(&["set_permissions", "-p", "/", &user.name, ".*", "^$", ".*"]);
-        user
-    }
-
-    fn url(&self) -> String {
-        let port = amqp_addr().port();
-        format!("amqp://{}:secret@127.0.0.1:{port}/%2f", self.name)
-    }
-
-    fn ctl(&self, args: &[&str]) {
-        let output = Command::new("rabbitmqctl")
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running rabbitmqctl (the test makes a RabbitMQ user of its own)");
-        assert!(
-            output.status.success(),
-            "rabbitmqctl {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-}
-
-impl Drop for BrokerUser {
-    fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl")
-            .args(["delete_user", &self.name])
-            .stdin(Stdio::null())
-            .output();
-    }
 }
 
 #[test]

@@ -5,11 +5,13 @@
 //! `publisher` owns the connection and decides what a failure means;
 //! `round` is one pipelined round of publishes and confirms; `message`
 //! builds the AMQP message from a row, `headers` its headers from the
-//! optional headers column.
+//! optional headers column; `probe` is `check`'s look at the broker, which
+//! publishes nothing.
 
 pub mod alarm;
 pub mod headers;
 pub mod message;
+pub mod probe;
 pub mod publisher;
 pub mod round;
 

@@ -31,7 +31,7 @@ use crate::sql::outbox::Event;
 
 /// Closing politely is a courtesy to the broker's logs, not a correctness
 /// matter: everything is committed by then. Never let it delay the exit.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Where and how to publish.
 #[derive(Debug, Clone)]
@@ -651,10 +651,7 @@ async fn check_exchange(channel: &Channel, config: &BrokerConfig, broker: &str) 
                 ));
             }
             if options.passive {
-                exit::config(anyhow!(
-                    "exchange {exchange:?} does not exist on RabbitMQ at {broker}: create it, \
-                     or pass --declare-exchange KIND to have outbox-poll declare it"
-                ))
+                missing_exchange_error(exchange, broker)
             } else {
                 exit::config(anyhow!(
                     "cannot declare exchange {exchange:?} on RabbitMQ at {broker}: {error}; \
@@ -662,6 +659,14 @@ async fn check_exchange(channel: &Channel, config: &BrokerConfig, broker: &str) 
                 ))
             }
         })
+}
+
+/// The run's exchange is not there and the run may not declare it.
+pub fn missing_exchange_error(exchange: &str, broker: &str) -> anyhow::Error {
+    exit::config(anyhow!(
+        "exchange {exchange:?} does not exist on RabbitMQ at {broker}: create it, or pass \
+         --declare-exchange KIND to have outbox-poll declare it"
+    ))
 }
 
 #[cfg(test)]

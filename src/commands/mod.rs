@@ -1,6 +1,7 @@
-//! The subcommands: `status`, `requeue`, `prune`, `migrate`, `wait`, and the
-//! generated `completions` and `man`. Each needs PostgreSQL only (or
-//! nothing), never the broker.
+//! The subcommands: `status`, `requeue`, `prune`, `migrate`, `wait`,
+//! `check`, and the generated `completions` and `man`. Each needs
+//! PostgreSQL only (or nothing), never the broker, but `check`, which
+//! looks at both servers.
 
 use anyhow::Result;
 use postgres::Client;
@@ -10,6 +11,7 @@ use crate::connect::conninfo::ConnInfo;
 use crate::connect::database;
 use crate::plan::{Plan, Selection};
 
+pub mod check;
 pub mod generate;
 pub mod migrate;
 pub mod prune;
@@ -30,6 +32,20 @@ fn connect(database: &Database) -> Result<Client> {
     )
 }
 
+/// The selection resolved for a subcommand, its sessions opened as a
+/// subcommand's are.
+pub fn plan(selection: &Selection) -> Result<Plan> {
+    let connect = |info: &ConnInfo| {
+        database::connect(
+            info,
+            selection.connect_timeout,
+            crate::config::IDLE_MARGIN + selection.connect_timeout,
+            None,
+        )
+    };
+    selection.plan(false, &connect)
+}
+
 /// One outbox of a selection for a subcommand: its Database or why it
 /// could not be read, and its name for messages.
 pub type Each = (Result<Database>, String);
@@ -39,15 +55,7 @@ pub type Each = (Result<Database>, String);
 /// each with its name for messages (database and table, never a
 /// password). The sessions the plan opened are handed back with them.
 pub fn each(selection: &Selection) -> Result<(Vec<Each>, Plan)> {
-    let connect = |info: &ConnInfo| {
-        database::connect(
-            info,
-            selection.connect_timeout,
-            crate::config::IDLE_MARGIN + selection.connect_timeout,
-            None,
-        )
-    };
-    let mut plan = selection.plan(false, &connect)?;
+    let mut plan = plan(selection)?;
     let mut all = Vec::new();
     for unread in plan.unread.drain(..) {
         let name = match &unread.table {

@@ -111,9 +111,9 @@ fn tls_settings(info: &ConnInfo) -> tls::Settings {
 }
 
 /// What to do about a server that takes no writes.
-const READ_ONLY_ADVICE: &str = "the server is a read-only standby (or the session is \
+pub const READ_ONLY_ADVICE: &str = "the server is a read-only standby (or the session is \
     read-only): point DATABASE_URL at the primary, or list every host with \
-    target_session_attrs=read-write so that the run picks the writable one; nothing was marked";
+    target_session_attrs=read-write so that the run picks the writable one";
 
 /// Wraps a driver error as an outage or a configuration problem, with
 /// `what` failed and what to do about it.
@@ -140,7 +140,7 @@ pub fn classify_on_table(error: &postgres::Error, what: &str, table: &TableName)
             "grant this role the privileges the README's least-privilege section lists".into()
         }
         Some(code) if classify::postgres(code.code()) == classify::Cause::Standby => {
-            READ_ONLY_ADVICE.into()
+            format!("{READ_ONLY_ADVICE}; nothing was marked")
         }
         _ if is_config_problem(error) => "check the table's definition against the README".into(),
         _ => {

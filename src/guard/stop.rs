@@ -32,6 +32,13 @@ impl Stop {
         Ok(Stop(received))
     }
 
+    /// A Stop no signal sets, for a command that installs no handler (a
+    /// signal ends it at once, see `commands`) but calls a wait that takes
+    /// one.
+    pub fn unarmed() -> Self {
+        Stop(Arc::new(AtomicUsize::new(0)))
+    }
+
     /// The exit for the signal received, if any.
     pub fn requested(&self) -> Option<Exit> {
         match self.0.load(Ordering::SeqCst) {

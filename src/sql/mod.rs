@@ -3,6 +3,7 @@
 //! input). The migrations themselves are the files in migrations/.
 
 pub mod adopt;
+pub mod check;
 pub mod columns;
 pub mod figures;
 pub mod migrations;

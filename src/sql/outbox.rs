@@ -260,7 +260,10 @@ impl Outbox {
         &self.table
     }
 
-    fn prepare_marks(&mut self, client: &mut Client) -> Result<()> {
+    /// Prepares the marks now rather than at the first claim that returns
+    /// events: `check` wants every statement of the run prepared, so that
+    /// a missing column shows before an event is due.
+    pub fn prepare_marks(&mut self, client: &mut Client) -> Result<()> {
         if self.marks.is_some() {
             return Ok(());
         }

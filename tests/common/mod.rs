@@ -5,6 +5,7 @@
 //! TEST_DATABASE_URL and TEST_AMQP_URL point elsewhere than the defaults,
 //! which are the local servers scripts/setup.sh starts.
 
+pub mod broker_user;
 pub mod certs;
 pub mod fake_postgres;
 pub mod private_postgres;
