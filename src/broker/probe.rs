@@ -207,6 +207,33 @@ impl Probe<'_> {
                     self.user
                 )))
             }
+            // The broker closed the channel before tx.rollback could even
+            // be issued (the publish is only written, never answered, and a
+            // busy machine may be slow to go on): lapin keeps no reply code
+            // for a channel once it is closed. The channel did nothing but
+            // this publish and the connection is up, so the broker refused
+            // the publish: to an exchange that exists (checked above), that
+            // is about write permission, or an internal exchange.
+            Err(error) if closed_by_the_broker(&error) && self.connection.status().connected() => {
+                match to_declare {
+                    false => Err(exit::config(anyhow!(
+                        "RabbitMQ at {} refused user {} a publish to exchange {exchange:?} (it \
+                         closed the channel); give the user write permission on it (rabbitmqctl \
+                         set_permissions -p VHOST {} CONFIGURE WRITE READ, with WRITE a pattern \
+                         matching the exchange), and check that the exchange is not internal",
+                        self.broker,
+                        self.user,
+                        self.user
+                    ))),
+                    // Refused for a missing exchange or for permission: the
+                    // code that would tell is gone.
+                    true => Ok(format!(
+                        "user {}: whether it may publish to exchange {exchange:?} shows once \
+                         it is declared (RabbitMQ closed the channel before saying why)",
+                        self.user
+                    )),
+                }
+            }
             Err(error) => Err(self.failed(&error, "publishing (then rolling back) a check to")),
         }
     }
@@ -251,4 +278,16 @@ impl Probe<'_> {
             _ => exit::outage(message),
         }
     }
+}
+
+/// Whether `error` says the channel had been closed when the call was
+/// made: by the broker, since the probe never closes it itself.
+fn closed_by_the_broker(error: &lapin::Error) -> bool {
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::InvalidChannelState(
+            lapin::ChannelState::Closing | lapin::ChannelState::Closed,
+            _
+        )
+    )
 }
