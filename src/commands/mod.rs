@@ -1,6 +1,7 @@
-//! The subcommands: `status`, `requeue`, `prune`, `migrate`, `wait`, and the
-//! generated `completions` and `man`. Each needs PostgreSQL only (or
-//! nothing), never the broker.
+//! The subcommands: `status`, `requeue`, `prune`, `migrate`, `wait`,
+//! `replay`, and the generated `completions` and `man`. Each needs
+//! PostgreSQL only (or nothing), never the broker; `replay` alone needs
+//! the broker only, never PostgreSQL.
 
 use anyhow::Result;
 use postgres::Client;
@@ -13,6 +14,7 @@ use crate::plan::{Plan, Selection};
 pub mod generate;
 pub mod migrate;
 pub mod prune;
+pub mod replay;
 pub mod requeue;
 pub mod status;
 pub mod wait;
