@@ -5,6 +5,7 @@
 
 mod common;
 
+mod archive;
 mod broker_connect;
 mod by_key;
 mod columns;

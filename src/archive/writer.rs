@@ -23,6 +23,8 @@ pub struct Writer {
     name: String,
     /// Members written and synced so far.
     members: u64,
+    /// The file's length after the last synced member.
+    synced: u64,
 }
 
 /// Where the bytes go.
@@ -85,6 +87,7 @@ impl Writer {
                 compression: Compression::Plain,
                 name: "stdout".into(),
                 members: 0,
+                synced: 0,
             });
         }
         let name = path.display().to_string();
@@ -119,7 +122,18 @@ impl Writer {
             compression: Compression::of(path),
             name,
             members: 0,
+            synced: 0,
         })
+    }
+
+    /// Cuts off what a failed member left after the last synced one (a
+    /// line cut short by a full disk, say), so the archive stays readable
+    /// to its end: those rows were not deleted. Best effort: the run is
+    /// failing already, for the reason it reports.
+    pub fn discard_unsynced(&mut self) {
+        if let Sink::File(file) = &mut self.sink {
+            let _ = file.set_len(self.synced).and_then(|()| file.sync_all());
+        }
     }
 
     /// Whether the archive goes to stdout (then the command's own report
@@ -128,8 +142,10 @@ impl Writer {
         matches!(self.sink, Sink::Stdout(_))
     }
 
-    /// A new member for one batch's rows.
+    /// A new member for one batch's rows (after what a failed one left,
+    /// cut off: see `discard_unsynced`).
     pub fn member(&mut self) -> Result<Member<'_>> {
+        self.discard_unsynced();
         let name = &self.name;
         let buffered = BufWriter::new(&mut self.sink);
         let encoder = match self.compression {
@@ -147,6 +163,7 @@ impl Writer {
             encoder,
             name,
             members: &mut self.members,
+            synced: &mut self.synced,
             rows: 0,
         })
     }
@@ -155,6 +172,7 @@ impl Writer {
     /// member, so that a compressed archive is always a valid file for
     /// zcat and zstdcat.
     pub fn finish(mut self) -> Result<()> {
+        self.discard_unsynced();
         if self.members == 0 && self.compression != Compression::Plain {
             self.member()?.commit()?;
         }
@@ -167,6 +185,7 @@ pub struct Member<'a> {
     encoder: Encoder<'a>,
     name: &'a str,
     members: &'a mut u64,
+    synced: &'a mut u64,
     rows: u64,
 }
 
@@ -205,6 +224,9 @@ impl Member<'_> {
             .into_inner()
             .map_err(|error| fail(error.into_error()))?;
         sink.flush().and_then(|()| sink.sync()).map_err(fail)?;
+        if let Sink::File(file) = sink {
+            *self.synced = file.metadata().map_err(fail)?.len();
+        }
         *self.members += 1;
         Ok(self.rows)
     }

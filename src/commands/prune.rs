@@ -75,7 +75,7 @@ pub fn archived(
         _ => return prune(None),
     };
     let mut writer = Writer::create(path)?;
-    let exit = prune(Some(&mut writer))?;
+    let exit = prune(Some(&mut writer)).inspect_err(|_| writer.discard_unsynced())?;
     writer.finish()?;
     Ok(exit)
 }
