@@ -12,6 +12,7 @@ use outbox_poll::archive::reader::Reader;
 
 use crate::common::scratch::Scratch;
 use crate::common::{Fixture, Message, Run, assert_one_clear_line};
+use crate::partitions::aged_partitions;
 
 /// Where a replay looks for PostgreSQL: nothing listens there, so a
 /// replay that tried to connect would fail.
@@ -447,4 +448,67 @@ fn replay_never_touches_the_outbox() {
     assert_eq!(run.field("published"), 2);
     let rows = fx.rows();
     assert_eq!((rows.len(), rows[0].published), (1, false));
+}
+
+#[test]
+fn a_partition_is_archived_before_it_is_dropped_whole() {
+    let mut fx = Fixture::partitioned("archive_partitions");
+    aged_partitions(&mut fx);
+    let scratch = Scratch::new("archive_partitions");
+    let path = scratch.path().join("a.jsonl.gz");
+    let run = prune(&fx, &path, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("dropped 1 partition whole"),
+        "{}",
+        run.stdout
+    );
+    let archived = archived_ids(&path);
+    let expected = ["a-1", "a-2", "a-3", "b-1", "c-1", "e-1"];
+    assert_eq!(archived, expected.iter().map(|id| id.to_string()).collect());
+    let left: Vec<String> = event_ids(&mut fx).into_iter().collect();
+    assert_eq!(left, ["b-2", "c-2", "d-1", "f-1"]);
+}
+
+#[test]
+fn a_partition_whose_archive_fails_is_attached_again_with_its_rows() {
+    let mut fx = Fixture::partitioned("archive_partition_full");
+    aged_partitions(&mut fx);
+    let Some(mount) = Mount::tmpfs("archive_partition_full", "size=64k") else {
+        return;
+    };
+    // Every block taken: the archive is created, its first write fails.
+    let _ = std::fs::write(mount.point.join("filler"), vec![0u8; 128 * 1024]);
+    let run = prune(&fx, &mount.point.join("a.jsonl.gz"), &[]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_one_clear_line(&run);
+    assert!(run.stderr.contains("No space left"), "{}", run.stderr);
+    assert_eq!(fx.rows().len(), 10, "nothing deleted");
+    let attached: i64 = fx
+        .db
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM pg_inherits WHERE inhparent = '{}'::regclass",
+                fx.quoted_table()
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let oldest: i64 = fx
+        .db
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {} WHERE event_id LIKE 'a-%'",
+                fx.quoted_table()
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        oldest, 3,
+        "the oldest partition's rows are seen through the table"
+    );
+    assert!(attached >= 9, "{attached} partitions");
 }
