@@ -88,6 +88,14 @@ fn prune_archives_every_pruned_row_and_replay_sends_each_again_plain_gzip_and_zs
         assert_eq!(run.stdout, "deleted 7 published events older than 7d\n");
         assert_eq!(event_ids(&mut fx), ids("recent", 1), "{name}: pruned");
         assert_eq!(archived_ids(&path), ids(prefix, 7), "{name}: archived");
+        // What zcat and zstdcat read: each format's magic number.
+        let magic: &[u8] = match prefix {
+            "gzip" => &[0x1f, 0x8b],
+            "zstd" => &[0x28, 0xb5, 0x2f, 0xfd],
+            _ => b"{\"id\": ",
+        };
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.starts_with(magic), "{name}: {:?}", &bytes[..8]);
         // Every column, in its JSON form.
         let row = &archived(&path)[0];
         for column in [
@@ -418,15 +426,18 @@ fn replay_to_a_missing_exchange_exits_78_and_publishes_nothing() {
 fn a_malformed_line_is_named_by_file_and_line_exit_78_and_nothing_is_published() {
     let fx = Fixture::new("replay_malformed");
     let scratch = Scratch::new("replay_malformed");
-    let good = r#"{"event_id": "g-1", "event_type": "t", "payload": {}}"#;
-    let path = scratch.write(
-        "a.jsonl",
-        &format!("{good}\n{good}\n{{\"event_id\": \"g-3\"\n"),
+    // More good lines than a batch: a replay that published as it read
+    // would have sent some before it met the bad one.
+    let good = format!(
+        "{}\n",
+        r#"{"event_id": "g", "event_type": "t", "payload": {}}"#
     );
+    let text = format!("{}{{\"event_id\": \"bad\"\n", good.repeat(250));
+    let path = scratch.write("a.jsonl", &text);
     let run = replay(&fx, &path, &[]);
     assert_eq!(run.code, 78, "{}", run.stderr);
     assert_one_clear_line(&run);
-    let place = format!("{}:3", path.display());
+    let place = format!("{}:251", path.display());
     assert!(run.stderr.contains(&place), "{}", run.stderr);
     assert!(
         fx.messages().is_empty(),
