@@ -523,3 +523,25 @@ fn a_partition_whose_archive_fails_is_attached_again_with_its_rows() {
     );
     assert!(attached >= 9, "{attached} partitions");
 }
+
+#[test]
+fn replay_of_an_unroutable_event_exits_1_and_names_it() {
+    let mut fx = Fixture::new("replay_unroutable");
+    fx.insert_event("u-1", "invoice.sent", "{}");
+    fx.insert_event("u-2", "order.created", "{}");
+    fx.execute("UPDATE {table} SET published_at = now() - interval '8 days'");
+    let scratch = Scratch::new("replay_unroutable");
+    let path = scratch.path().join("a.jsonl");
+    assert_eq!(prune(&fx, &path, &[]).code, 0);
+    fx.route_only("order.#");
+    let run = replay(&fx, &path, &["--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("failed")), (1, 1));
+    assert!(
+        run.stderr
+            .contains(&format!("event u-1 ({}:1)", path.display())),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(message_ids(&fx.messages()), ids("u", 2).split_off("u-2"));
+}
