@@ -88,6 +88,11 @@ fn prune_archives_every_pruned_row_and_replay_sends_each_again_plain_gzip_and_zs
         assert_eq!(run.stdout, "deleted 7 published events older than 7d\n");
         assert_eq!(event_ids(&mut fx), ids("recent", 1), "{name}: pruned");
         assert_eq!(archived_ids(&path), ids(prefix, 7), "{name}: archived");
+        let order: Vec<i64> = archived(&path)
+            .iter()
+            .map(|row| row["id"].as_i64().unwrap())
+            .collect();
+        assert!(order.is_sorted(), "{name}: not by id: {order:?}");
         // What zcat and zstdcat read: each format's magic number.
         let magic: &[u8] = match prefix {
             "gzip" => &[0x1f, 0x8b],
@@ -539,7 +544,7 @@ fn replay_of_an_unroutable_event_exits_1_and_names_it() {
     assert_eq!((run.field("published"), run.field("failed")), (1, 1));
     assert!(
         run.stderr
-            .contains(&format!("event u-1 ({}:", path.display())),
+            .contains(&format!("event u-1 ({}:1)", path.display())),
         "{}",
         run.stderr
     );

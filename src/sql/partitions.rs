@@ -288,8 +288,8 @@ pub fn drop_detached(
 }
 
 /// Hands each row of `partition` to `each` as the text `row` (an SQL
-/// expression over the row `t`) makes of it, streamed: a partition's rows
-/// are never all in memory at once.
+/// expression over the row `t`) makes of it, by id, streamed: a
+/// partition's rows are never all in memory at once.
 pub fn each_row(
     client: &mut Client,
     table: &TableName,
@@ -298,7 +298,9 @@ pub fn each_row(
     each: &mut dyn FnMut(&str) -> Result<()>,
 ) -> Result<()> {
     let what = format!("reading partition {partition}");
-    let sql = format!("SELECT {row} FROM {} AS t", partition.quoted());
+    // By id, as the relay published them (the example's primary key,
+    // (id, created_at), serves the order).
+    let sql = format!("SELECT {row} FROM {} AS t ORDER BY id", partition.quoted());
     let none: [&str; 0] = [];
     let mut rows = client
         .query_raw(&sql, none)
