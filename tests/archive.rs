@@ -550,3 +550,41 @@ fn replay_of_an_unroutable_event_exits_1_and_names_it() {
     );
     assert_eq!(message_ids(&fx.messages()), ids("u", 2).split_off("u-2"));
 }
+
+#[test]
+fn json_and_text_payloads_are_archived_as_stored_and_replayed_as_their_exact_text() {
+    // json keeps its spacing and key order, which a jsonb value would lose.
+    let json = r#"{"b":  1, "a": [true,  null]}"#;
+    let text = "héllo, wörld\n{not json}";
+    for (type_name, stored, key, content_type) in [
+        ("json", json, "payload_json", "application/json"),
+        ("text", text, "payload_text", "text/plain; charset=utf-8"),
+    ] {
+        let mut fx = Fixture::new(&format!("archive_{type_name}"));
+        fx.execute(&format!(
+            "ALTER TABLE {{table}} ALTER COLUMN payload TYPE {type_name} \
+             USING payload::text::{type_name}"
+        ));
+        let sql = format!(
+            "INSERT INTO {} (event_id, event_type, payload, published_at) \
+             VALUES ('j-1', 't', $1::text::{type_name}, now() - interval '8 days')",
+            fx.quoted_table()
+        );
+        fx.db.execute(&sql, &[&stored]).unwrap();
+        let scratch = Scratch::new(&format!("archive_{type_name}"));
+        let path = scratch.path().join("a.jsonl");
+        let run = prune(&fx, &path, &[]);
+        assert_eq!(run.code, 0, "{type_name}: {}", run.stderr);
+        assert_eq!(archived(&path)[0][key], stored, "{type_name}");
+
+        let run = replay(&fx, &path, &[]);
+        assert_eq!(run.code, 0, "{type_name}: {}", run.stderr);
+        let message = fx.messages().remove(0);
+        assert_eq!(
+            String::from_utf8(message.body).unwrap(),
+            stored,
+            "{type_name}"
+        );
+        assert_eq!(message.content_type.as_deref(), Some(content_type));
+    }
+}
