@@ -124,6 +124,9 @@ pub enum Command {
     /// Can this configuration relay? Both servers, the table, the exchange,
     /// the grants; publishes and changes nothing.
     Check(CheckArgs),
+    /// Republish archived events (prune --archive) to the broker; never
+    /// touches the outbox.
+    Replay(ReplayArgs),
     /// Print a shell completion script on stdout.
     Completions {
         /// The shell to complete for.
@@ -223,6 +226,57 @@ pub struct PruneArgs {
     /// Also delete dead events created longer ago than --older-than.
     #[arg(long)]
     pub include_dead: bool,
+
+    /// Write every row to FILE (JSON Lines; FILE.gz gzip, FILE.zst zstd;
+    /// `-` stdout) and sync it before its deletion commits. Never
+    /// overwrites a file.
+    #[arg(long, value_name = "FILE")]
+    pub archive: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// The archive to read (plain, .gz or .zst), checked whole before
+    /// anything is published.
+    #[arg(long, value_name = "FILE")]
+    pub from: PathBuf,
+
+    /// Only events created at or after this RFC 3339 time.
+    #[arg(long, value_name = "RFC3339", value_parser = parse_time)]
+    pub since: Option<jiff::Timestamp>,
+
+    /// Only events created before this RFC 3339 time.
+    #[arg(long, value_name = "RFC3339", value_parser = parse_time)]
+    pub until: Option<jiff::Timestamp>,
+
+    /// Only events whose type matches this shell-style pattern (`*`, `?`),
+    /// e.g. 'order.*'.
+    #[arg(long, value_name = "PATTERN")]
+    pub event_type: Option<String>,
+
+    /// Only these events, by event_id (repeat or list several).
+    #[arg(long, value_name = "ID", num_args = 1..)]
+    pub event_id: Vec<String>,
+
+    /// RabbitMQ URL (or several); as the poll's --amqp-url, which it
+    /// overrides (AMQP_URL and AMQP_URL_FILE apply).
+    #[arg(long, hide_env_values = true)]
+    pub amqp_url: Option<String>,
+
+    /// The exchange of events archived without an exchange column; as the
+    /// poll's --exchange, which it overrides (OUTBOX_EXCHANGE applies).
+    #[arg(long)]
+    pub exchange: Option<String>,
+
+    /// Time allowed for each batch's publisher confirms.
+    #[arg(long, value_name = "DURATION", value_parser = duration_up_to(MAX_TIMEOUT))]
+    pub confirm_timeout: Option<Duration>,
+}
+
+/// An RFC 3339 time with its offset: `2026-12-01T00:00:00Z`.
+fn parse_time(text: &str) -> Result<jiff::Timestamp, String> {
+    text.parse()
+        .map_err(|error| format!("{error} (expected an RFC 3339 time, e.g. 2026-12-01T00:00:00Z)"))
 }
 
 /// Options every subcommand needs to find the outbox.

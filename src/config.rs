@@ -129,27 +129,13 @@ impl Relay {
         session_connect_budget: Duration,
         hosts: usize,
     ) -> Result<Self> {
-        // The file variable and the flag exclude each other (environment.rs).
-        let from_file = secrets::read(&secrets::AMQP)?;
-        let url = from_file.as_deref().unwrap_or(&args.amqp_url);
-        let nodes = amqp_nodes(url).map_err(exit::config)?;
-        if args.exchange.len() > MAX_EXCHANGE_BYTES {
-            return Err(exit::config(anyhow!(
-                "the exchange name is longer than AMQP's {MAX_EXCHANGE_BYTES} bytes"
-            )));
-        }
+        let broker = broker_config(args, None, None, connect_timeout, None)?;
         // A dry run claims one batch and rolls it back: nothing to drain,
         // nothing to follow.
         let follow = args.follow && !args.dry_run;
         let drain = (args.drain || follow) && !args.dry_run;
         let relay = Relay {
-            broker: BrokerConfig {
-                nodes,
-                exchange: args.exchange.clone(),
-                declare_exchange: args.declare_exchange,
-                connect_timeout,
-                confirm_timeout: args.confirm_timeout,
-            },
+            broker,
             session_connect_budget,
             batch_size: i64::from(args.batch_size),
             // At most 1 GiB, checked by clap.
@@ -218,6 +204,35 @@ impl Relay {
             self.in_flight,
         )
     }
+}
+
+/// Where and how a run publishes: the poll's options, and those a
+/// subcommand gives in their place (replay's `url`, `exchange` and
+/// `confirm_timeout`, given after its name).
+pub fn broker_config(
+    args: &PollArgs,
+    url: Option<&str>,
+    exchange: Option<&str>,
+    connect_timeout: Duration,
+    confirm_timeout: Option<Duration>,
+) -> Result<BrokerConfig> {
+    // The file variable and the flag exclude each other (environment.rs).
+    let from_file = secrets::read(&secrets::AMQP)?;
+    let url = url.or(from_file.as_deref()).unwrap_or(&args.amqp_url);
+    let nodes = amqp_nodes(url).map_err(exit::config)?;
+    let exchange = exchange.unwrap_or(&args.exchange);
+    if exchange.len() > MAX_EXCHANGE_BYTES {
+        return Err(exit::config(anyhow!(
+            "the exchange name is longer than AMQP's {MAX_EXCHANGE_BYTES} bytes"
+        )));
+    }
+    Ok(BrokerConfig {
+        nodes,
+        exchange: exchange.to_owned(),
+        declare_exchange: args.declare_exchange,
+        connect_timeout,
+        confirm_timeout: confirm_timeout.unwrap_or(args.confirm_timeout),
+    })
 }
 
 /// The waits that add up to a batch's idle limit.

@@ -20,8 +20,10 @@
 //! - [`report`]: what a run tells: stdout, the JSON summary, the metrics
 //!   file, the progress bar, the log;
 //! - [`guard`]: what bounds a run: the watchdog and the signals;
-//! - [`exit`]: the exit codes, and which failure is whose.
+//! - [`exit`]: the exit codes, and which failure is whose;
+//! - [`archive`]: the file `prune --archive` writes and `replay` reads.
 
+pub mod archive;
 pub mod broker;
 pub mod cli;
 pub mod commands;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use outbox_poll::cli::{Cli, Command};
 use outbox_poll::commands;
-use outbox_poll::commands::{check, generate, migrate, prune, requeue, status, wait};
+use outbox_poll::commands::{check, generate, migrate, prune, replay, requeue, status, wait};
 use outbox_poll::config::{Database, Relay};
 use outbox_poll::connect::libpq::process_env;
 use outbox_poll::exit::{self, Exit};
@@ -39,6 +39,10 @@ fn run(cli: &Cli) -> Result<Exit> {
     if let Some(names) = &cli.database.columns {
         names::set(names.clone());
     }
+    // Replay reads a file and publishes: it has no outbox to select.
+    if let Some(Command::Replay(args)) = &cli.command {
+        return replay::run(cli, args);
+    }
     // Many outboxes: a --table list or pattern, --databases or --shard.
     match Selection::from_args(&cli.database, &process_env) {
         Ok(Some(selection)) => return many(cli, selection),
@@ -58,9 +62,15 @@ fn run(cli: &Cli) -> Result<Exit> {
         Some(Command::Migrate(args)) => migrate::run(&database?, args),
         Some(Command::Status(args)) => status::run(&database?, cli.json, args),
         Some(Command::Requeue(args)) => requeue::run(&database?, cli.json, args),
-        Some(Command::Prune(args)) => prune::run(&database?, cli.json, args),
+        Some(Command::Prune(args)) => {
+            let database = database?;
+            prune::archived(args, |archive| {
+                prune::run(&database, cli.json, args, archive)
+            })
+        }
         Some(Command::Wait(args)) => wait::run(&database?, cli.json, args),
         Some(Command::Check(args)) => check::run(&database?, cli.json, args),
+        Some(Command::Replay(args)) => replay::run(cli, args),
         Some(Command::Completions { shell }) => generate::completions(*shell),
         Some(Command::Man) => generate::man(),
     }
@@ -83,13 +93,16 @@ fn many(cli: &Cli, selection: Selection) -> Result<Exit> {
         Some(Command::Requeue(args)) => each(&selection, |database| {
             requeue::run(database, cli.json, args)
         }),
-        Some(Command::Prune(args)) => {
-            each(&selection, |database| prune::run(database, cli.json, args))
-        }
+        Some(Command::Prune(args)) => prune::archived(args, |mut archive| {
+            each(&selection, |database| {
+                prune::run(database, cli.json, args, archive.as_deref_mut())
+            })
+        }),
         Some(Command::Wait(args)) => {
             each(&selection, |database| wait::run(database, cli.json, args))
         }
         Some(Command::Check(args)) => check::run_many(&selection, cli.json, args),
+        Some(Command::Replay(args)) => replay::run(cli, args),
         Some(Command::Completions { shell }) => generate::completions(*shell),
         Some(Command::Man) => generate::man(),
     }
@@ -98,7 +111,7 @@ fn many(cli: &Cli, selection: Selection) -> Result<Exit> {
 /// A subcommand run on each outbox of the selection in turn; a failing
 /// outbox is told on stderr (naming its database and table) and the
 /// others go on. The exit is the most urgent of theirs.
-fn each(selection: &Selection, command: impl Fn(&Database) -> Result<Exit>) -> Result<Exit> {
+fn each(selection: &Selection, mut command: impl FnMut(&Database) -> Result<Exit>) -> Result<Exit> {
     let mut exits = Vec::new();
     let (outboxes, plan) = commands::each(selection)?;
     // Each subcommand opens its own session.

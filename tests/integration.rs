@@ -6,6 +6,7 @@
 mod common;
 
 mod adopt;
+mod archive;
 mod broker_connect;
 mod by_key;
 mod check;

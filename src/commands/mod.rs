@@ -1,7 +1,8 @@
 //! The subcommands: `status`, `requeue`, `prune`, `migrate`, `wait`,
-//! `check`, and the generated `completions` and `man`. Each needs
-//! PostgreSQL only (or nothing), never the broker, but `check`, which
-//! looks at both servers.
+//! `check`, `replay`, and the generated `completions` and `man`. Each
+//! needs PostgreSQL only (or nothing), never the broker, but `check`,
+//! which looks at both servers, and `replay`, which needs the broker only,
+//! never PostgreSQL.
 
 use anyhow::Result;
 use postgres::Client;
@@ -15,6 +16,7 @@ pub mod check;
 pub mod generate;
 pub mod migrate;
 pub mod prune;
+pub mod replay;
 pub mod requeue;
 pub mod status;
 pub mod wait;

@@ -21,20 +21,35 @@
 //! Needs SELECT and DELETE on the table; without DELETE it stops at the
 //! first batch with one line saying so (exit 78). Dropping partitions
 //! needs the table's owner; under any other role prune deletes row by row.
+//!
+//! `--archive FILE` writes every row first (see the module `archive`):
+//! each batch is deleted with RETURNING in a transaction, its rows written
+//! as one member of the archive and synced (file, and the directory at
+//! creation), and only then committed; a partition's rows are written and
+//! synced after its detach and before its drop (attached again if that
+//! fails). So a failed write, a full disk or a crash never deletes a row
+//! that is not on disk; an interrupted run may leave the rows of its last
+//! batch archived but not deleted, and the next prune archives them again:
+//! a row may appear in two archives, never be deleted unarchived. A
+//! partition that can only be detached under the table's lock (a DEFAULT
+//! partition, PostgreSQL before 14) is pruned row by row with --archive:
+//! writing its rows under that lock would stall the producers.
 
 use std::time::Duration;
 
 use anyhow::Result;
 use postgres::Client;
 
+use crate::archive::writer::Writer;
 use crate::cli::PruneArgs;
 use crate::config::Database;
 use crate::connect::database;
 use crate::exit::Exit;
 use crate::guard::watchdog::{self, Watchdog};
+use crate::report::stderr;
 use crate::report::totals::Totals;
 use crate::report::{plural, stdout};
-use crate::sql::columns;
+use crate::sql::columns::{self, Payload};
 use crate::sql::partitions::{self, Dropped, Refusal};
 use crate::sql::prune::{self, Kind};
 use crate::sql::table::TableName;
@@ -47,7 +62,37 @@ const BATCH_TIMEOUT: &str = "15min";
 /// The watchdog's budget for one such statement (see guard/watchdog.rs).
 const BATCH_BUDGET: Duration = Duration::from_secs(15 * 60 + 30);
 
-pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<Exit> {
+/// Runs `prune` with its archive, when --archive names one: created
+/// (never over an existing file) before anything is deleted, shared by
+/// every outbox `prune` serves, and ended after them. A dry run archives
+/// nothing and creates no file.
+pub fn archived(
+    args: &PruneArgs,
+    prune: impl FnOnce(Option<&mut Writer>) -> Result<Exit>,
+) -> Result<Exit> {
+    let path = match (&args.archive, args.dry_run) {
+        (Some(path), false) => path,
+        _ => return prune(None),
+    };
+    let mut writer = Writer::create(path)?;
+    let exit = prune(Some(&mut writer)).inspect_err(|_| writer.discard_unsynced())?;
+    writer.finish()?;
+    Ok(exit)
+}
+
+/// Where one outbox's rows are archived: the writer, and how its rows are
+/// written (by the payload's type).
+struct Archive<'a> {
+    writer: &'a mut Writer,
+    payload: Payload,
+}
+
+pub fn run(
+    database: &Database,
+    json: bool,
+    args: &PruneArgs,
+    archive: Option<&mut Writer>,
+) -> Result<Exit> {
     let watchdog = Watchdog::spawn(|_| {})?;
     watchdog.arm(
         database.connect_budget() + database::STATEMENT_TIMEOUT + watchdog::MARGIN,
@@ -62,11 +107,19 @@ pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<Exit> {
             database::classify(&error, "setting the statement timeout", "try again")
         })?;
     columns::check_mapping(&mut client, &database.table, "pruning")?;
+    let to_stderr = archive.as_ref().is_some_and(|writer| writer.is_stdout());
+    let mut archive = match archive {
+        Some(writer) => Some(Archive {
+            payload: archive_payload(&mut client, &database.table)?,
+            writer,
+        }),
+        None => None,
+    };
     let mut kinds = vec![Kind::Published];
     if args.include_dead {
         kinds.push(Kind::Dead);
     }
-    let dropped = drop_partitions(&mut client, database, args, &watchdog)?;
+    let dropped = drop_partitions(&mut client, database, args, &watchdog, &mut archive)?;
     let mut counts = Vec::new();
     for kind in kinds {
         let count = if args.dry_run {
@@ -74,7 +127,7 @@ pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<Exit> {
             let (table, max_attempts) = (&database.table, database.max_attempts);
             prune::count(&mut client, table, kind, max_attempts, args.older_than)?
         } else {
-            delete(&mut client, database, kind, args, &watchdog)?
+            delete(&mut client, database, kind, args, &watchdog, &mut archive)?
         };
         counts.push((kind, count));
     }
@@ -83,8 +136,35 @@ pub fn run(database: &Database, json: bool, args: &PruneArgs) -> Result<Exit> {
     if !args.dry_run {
         counts[0].1 += dropped.rows;
     }
-    tell(&counts, &dropped.names, json, args)?;
+    tell(&counts, &dropped.names, json, args, to_stderr)?;
     Ok(Exit::Success)
+}
+
+/// The payload's type, which says how its rows are archived, and the
+/// session's TimeZone set to UTC, so the archive's timestamps read alike
+/// whatever the server's or the role's setting.
+fn archive_payload(client: &mut Client, table: &TableName) -> Result<Payload> {
+    let what = "reading the table to archive";
+    let payload = columns::of_table(client, table, what)?.payload(what, table)?;
+    client
+        .batch_execute("SET TIME ZONE 'UTC'")
+        .map_err(|error| database::classify(&error, "setting the time zone", "try again"))?;
+    Ok(payload)
+}
+
+/// Writes every row of `partition` as one member of the archive, synced.
+fn archive_partition(
+    client: &mut Client,
+    table: &TableName,
+    partition: &TableName,
+    archive: &mut Archive,
+) -> Result<()> {
+    let mut member = archive.writer.member()?;
+    let row = prune::archived_row(archive.payload);
+    partitions::each_row(client, table, partition, row, &mut |line| member.line(line))?;
+    let rows = member.commit()?;
+    log::info!("archived the {rows} rows of partition {partition}");
+    Ok(())
 }
 
 /// The partitions dropped whole (with --dry-run: that would be), and the
@@ -117,6 +197,7 @@ fn drop_partitions(
     database: &Database,
     args: &PruneArgs,
     watchdog: &Watchdog,
+    archive: &mut Option<Archive>,
 ) -> Result<DroppedPartitions> {
     let table = &database.table;
     let age = args.older_than;
@@ -133,10 +214,21 @@ fn drop_partitions(
         }
     };
     let mut dropped = DroppedPartitions::default();
+    let mut before_drop = |client: &mut Client, partition: &TableName| match archive {
+        Some(archive) => archive_partition(client, table, partition, archive),
+        None => Ok(()),
+    };
     if !args.dry_run {
-        finish_pending_detaches(client, table, age, watchdog, &mut dropped)?;
+        finish_pending_detaches(client, table, age, watchdog, &mut dropped, &mut before_drop)?;
     }
     let concurrently = partitions::concurrent_detach(client, table)?;
+    if !concurrently && args.archive.is_some() {
+        log::info!(
+            "table {table}'s partitions cannot be detached concurrently (a DEFAULT partition, \
+             or PostgreSQL before 14): with --archive their rows are pruned row by row"
+        );
+        return Ok(dropped);
+    }
     for partition in candidates {
         watchdog.arm(BATCH_BUDGET, "reading a partition", Totals::default());
         let Some(rows) = partitions::droppable_rows(client, table, &partition, age)? else {
@@ -147,7 +239,14 @@ fn drop_partitions(
             let outcome = if concurrently {
                 let bound = partitions::bound(client, table, &partition)?;
                 match partitions::detach_concurrently(client, table, &partition)? {
-                    true => partitions::drop_detached(client, table, &partition, &bound, age)?,
+                    true => partitions::drop_detached(
+                        client,
+                        table,
+                        &partition,
+                        &bound,
+                        age,
+                        &mut before_drop,
+                    )?,
                     false => Dropped::Busy,
                 }
             } else {
@@ -187,6 +286,7 @@ fn finish_pending_detaches(
     age: Duration,
     watchdog: &Watchdog,
     dropped: &mut DroppedPartitions,
+    before_drop: &mut dyn FnMut(&mut Client, &TableName) -> Result<()>,
 ) -> Result<()> {
     for (partition, old) in partitions::pending_detaches(client, table, age)? {
         watchdog.arm(BATCH_BUDGET, "finishing a detach", Totals::default());
@@ -200,7 +300,7 @@ fn finish_pending_detaches(
         }
         log::info!("finished the pending detach of partition {partition}");
         let outcome = match old {
-            true => partitions::drop_detached(client, table, &partition, &bound, age)?,
+            true => partitions::drop_detached(client, table, &partition, &bound, age, before_drop)?,
             false => {
                 partitions::attach(client, table, &partition, &bound)?;
                 Dropped::Kept
@@ -239,7 +339,15 @@ fn detach_locked(
 
 /// One line per kind of row and one for the partitions dropped, or the
 /// JSON object.
-fn tell(counts: &[(Kind, i64)], dropped: &[String], json: bool, args: &PruneArgs) -> Result<()> {
+/// On stderr when the archive goes to stdout (`to_stderr`), out of its
+/// way.
+fn tell(
+    counts: &[(Kind, i64)],
+    dropped: &[String],
+    json: bool,
+    args: &PruneArgs,
+    to_stderr: bool,
+) -> Result<()> {
     let text = if json {
         let object = serde_json::json!({
             "published": counts[0].1,
@@ -268,26 +376,57 @@ fn tell(counts: &[(Kind, i64)], dropped: &[String], json: bool, args: &PruneArgs
         }
         text
     };
+    if to_stderr {
+        stderr::line(text.trim_end());
+        return Ok(());
+    }
     stdout::write(text.as_bytes()).map_err(stdout::unwritable)
 }
 
 /// Batch after batch, each statement its own transaction, until a batch
-/// comes back short.
+/// comes back short. With an archive, each batch's rows are written and
+/// synced before its transaction commits.
 fn delete(
     client: &mut Client,
     database: &Database,
     kind: Kind,
     args: &PruneArgs,
     watchdog: &Watchdog,
+    archive: &mut Option<Archive>,
 ) -> Result<i64> {
     let table = &database.table;
-    let statement = prune::prepare_delete(client, table, kind, database.max_attempts)?;
+    let payload = archive.as_ref().map(|archive| archive.payload);
+    let statement = prune::prepare_delete(client, table, kind, database.max_attempts, payload)?;
     let mut total = 0;
     loop {
         watchdog.arm(BATCH_BUDGET, "a prune batch", Totals::default());
-        let deleted =
-            prune::delete_batch(client, &statement, table, args.older_than, args.batch_size)?
-                as i64;
+        let (age, size) = (args.older_than, args.batch_size);
+        let deleted = match archive {
+            None => prune::delete_batch(client, &statement, table, age, size)? as i64,
+            Some(archive) => {
+                let mut transaction = client.transaction().map_err(|error| {
+                    database::classify_on_table(&error, "starting a prune batch", table)
+                })?;
+                let lines =
+                    prune::delete_archived_batch(&mut transaction, &statement, table, age, size)?;
+                let mut member = archive.writer.member()?;
+                for line in &lines {
+                    member.line(line)?;
+                }
+                member.commit()?;
+                // The rows are on disk: their deletion may commit. Its
+                // outcome unknown, they may be archived again next time.
+                transaction.commit().map_err(|error| {
+                    database::classify_on_table(
+                        &error,
+                        "committing a prune batch (its rows are archived; a row the commit \
+                         did not delete is archived again by the next prune)",
+                        table,
+                    )
+                })?;
+                lines.len() as i64
+            }
+        };
         total += deleted;
         log::info!("pruned {deleted} {} events (total {total})", kind.name());
         if deleted < args.batch_size {

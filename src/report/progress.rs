@@ -1,4 +1,4 @@
-//! A progress bar for a --drain that someone is watching: published count,
+//! A progress bar for a --drain (or a replay) that someone is watching: published count,
 //! rate and remaining backlog, on stderr. Only when stderr is a terminal
 //! and the drain has run for more than a moment; under cron, in CI or with
 //! stderr redirected nothing is drawn and not even the backlog is counted.
@@ -35,9 +35,22 @@ impl Progress {
         }
         // Only a bar's length: without it the bar grows as events come.
         let backlog = figures::due(client, &database.table, database.max_attempts).unwrap_or(0);
+        Progress::active(backlog.max(0) as u64)
+    }
+
+    /// For a run of `total` events known beforehand (a replay), if a bar
+    /// may be drawn.
+    pub fn of_total(total: u64) -> Progress {
+        match can_redraw() {
+            true => Progress::active(total),
+            false => Progress(None),
+        }
+    }
+
+    fn active(backlog: u64) -> Progress {
         Progress(Some(Active {
             started: Instant::now(),
-            backlog: backlog.max(0) as u64,
+            backlog,
             bar: None,
         }))
     }

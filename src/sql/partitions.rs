@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::Result;
 use postgres::Client;
 use postgres::error::SqlState;
+use postgres::fallible_iterator::FallibleIterator;
 
 use crate::connect::database::classify_on_table;
 use crate::sql::names;
@@ -262,22 +263,56 @@ pub fn detach_concurrently(
 /// published before the cut-off (`droppable_rows`); otherwise attaches it
 /// again with its `bound` (an event inserted into its old range since it
 /// was checked, or a detach prune did not choose), so no event leaves the
-/// outbox unpublished.
+/// outbox unpublished. `before_drop` runs just before the drop (prune
+/// --archive writes the rows there); when it fails, the partition is
+/// attached again, its rows kept, and its error returned.
 pub fn drop_detached(
     client: &mut Client,
     table: &TableName,
     partition: &TableName,
     bound: &str,
     age: Duration,
+    before_drop: &mut dyn FnMut(&mut Client, &TableName) -> Result<()>,
 ) -> Result<Dropped> {
     let Some(rows) = droppable_rows(client, table, partition, age)? else {
         attach(client, table, partition, bound)?;
         return Ok(Dropped::Kept);
     };
+    if let Err(error) = before_drop(client, partition) {
+        attach(client, table, partition, bound)?;
+        return Err(error);
+    }
     client
         .batch_execute(&format!("DROP TABLE {}", partition.quoted()))
         .map_err(|error| drop_error(&error, table, partition))?;
     Ok(Dropped::Dropped(rows))
+}
+
+/// Hands each row of `partition` to `each` as the text `row` (an SQL
+/// expression over the row `t`) makes of it, by id, streamed: a
+/// partition's rows are never all in memory at once.
+pub fn each_row(
+    client: &mut Client,
+    table: &TableName,
+    partition: &TableName,
+    row: &str,
+    each: &mut dyn FnMut(&str) -> Result<()>,
+) -> Result<()> {
+    let what = format!("reading partition {partition}");
+    // By id, as the relay published them (the example's primary key,
+    // (id, created_at), serves the order).
+    let sql = format!("SELECT {row} FROM {} AS t ORDER BY id", partition.quoted());
+    let none: [&str; 0] = [];
+    let mut rows = client
+        .query_raw(&sql, none)
+        .map_err(|error| classify_on_table(&error, &what, table))?;
+    while let Some(found) = rows
+        .next()
+        .map_err(|error| classify_on_table(&error, &what, table))?
+    {
+        each(found.get(0))?;
+    }
+    Ok(())
 }
 
 /// Attaches the detached `partition` to `table` again with its `bound`

@@ -1,6 +1,7 @@
 //! Deleting old rows: published ones older than a cut-off, and (with
 //! --include-dead) dead ones created before it. $1 is always the age in
-//! seconds.
+//! seconds. With --archive, each row deleted (or dropped with its
+//! partition) is returned first as its archive line (`archived_row`).
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use postgres::{Client, Statement};
 
 use crate::connect::database::{classify_on_table, describe};
 use crate::exit;
+use crate::sql::columns::Payload;
 use crate::sql::names;
 use crate::sql::table::TableName;
 
@@ -66,18 +68,24 @@ pub fn count(
 /// requeued while this statement waited for its lock is pending again and
 /// must not be deleted, and after such a wait PostgreSQL re-checks only the
 /// outer condition, not the subquery's. (No SKIP LOCKED: that would need
-/// UPDATE, which the pruner role need not have.)
+/// UPDATE, which the pruner role need not have.) With `archive` (the
+/// payload's type), the statement returns each deleted row's archive line.
 pub fn prepare_delete(
     client: &mut Client,
     table: &TableName,
     kind: Kind,
     max_attempts: i32,
+    archive: Option<Payload>,
 ) -> Result<Statement> {
+    let returning = match archive {
+        Some(payload) => format!(" RETURNING {}", archived_row(payload)),
+        None => String::new(),
+    };
     client
         .prepare(&names::sql(&format!(
-            "DELETE FROM {t} WHERE id IN ( \
+            "DELETE FROM {t} AS t WHERE id IN ( \
                SELECT id FROM {t} WHERE {condition} ORDER BY id LIMIT $2) \
-             AND {condition}",
+             AND {condition}{returning}",
             condition = kind.condition(max_attempts),
             t = table.quoted()
         )))
@@ -96,6 +104,42 @@ pub fn delete_batch(
     client
         .execute(statement, &[&age.as_secs_f64(), &batch_size])
         .map_err(|error| privilege_error(&error, table))
+}
+
+/// Deletes one batch with the archiving statement `prepare_delete` made,
+/// in `transaction` (the caller commits once the lines are on disk), and
+/// returns the deleted rows' archive lines.
+pub fn delete_archived_batch(
+    transaction: &mut postgres::Transaction<'_>,
+    statement: &Statement,
+    table: &TableName,
+    age: Duration,
+    batch_size: i64,
+) -> Result<Vec<String>> {
+    let rows = transaction
+        .query(statement, &[&age.as_secs_f64(), &batch_size])
+        .map_err(|error| privilege_error(&error, table))?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
+}
+
+/// The archive line of the row `t` (see the module `archive`): every
+/// column as jsonb renders it, the payload under the key of its type.
+/// The session's TimeZone is UTC, so every timestamp reads `+00:00`.
+pub fn archived_row(payload: Payload) -> &'static str {
+    match payload {
+        Payload::Jsonb => "to_jsonb(t)::text",
+        Payload::Json => {
+            "((to_jsonb(t) - 'payload') || jsonb_build_object('payload_json', t.payload::text))::text"
+        }
+        Payload::Text => {
+            "((to_jsonb(t) - 'payload') || jsonb_build_object('payload_text', t.payload::text))::text"
+        }
+        // PostgreSQL's base64 breaks lines every 76 characters.
+        Payload::Bytea => {
+            "((to_jsonb(t) - 'payload') || jsonb_build_object('payload_base64', \
+               translate(encode(t.payload, 'base64'), E'\\n', '')))::text"
+        }
+    }
 }
 
 /// A missing DELETE grant is the likely mistake: say so by name.
