@@ -385,7 +385,27 @@ impl Fixture {
     /// The binary, pointed at this fixture's table, exchange and servers,
     /// with nothing inherited from the environment that could change it.
     pub fn command(&self) -> Command {
-        let mut command = Command::new(BIN);
+        self.configured(Command::new(BIN))
+    }
+
+    /// A shell (`bash -c SCRIPT`) in the binary's environment, with
+    /// `outbox-poll` first on its PATH: for the docs' runnable blocks.
+    pub fn shell(&self, script: &str) -> Command {
+        let bin = std::path::Path::new(BIN)
+            .parent()
+            .expect("the binary's directory");
+        let path = match std::env::var_os("PATH") {
+            Some(path) => format!("{}:{}", bin.display(), path.to_string_lossy()),
+            None => bin.display().to_string(),
+        };
+        let mut command = self.configured(Command::new("bash"));
+        command
+            .env("PATH", path)
+            .args(["-euo", "pipefail", "-c", script]);
+        command
+    }
+
+    fn configured(&self, mut command: Command) -> Command {
         for (name, _) in std::env::vars() {
             if name.starts_with("PG")
                 || name.starts_with("OUTBOX_")
