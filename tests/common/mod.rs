@@ -522,7 +522,7 @@ impl Fixture {
     }
 
     /// (event_id, published, attempts) for tables whose column types differ
-    /// from the contract's, read as text.
+    /// from those migrate creates, read as text.
     pub fn rows_untyped(&mut self) -> Vec<(String, bool, i64)> {
         let sql = format!(
             "SELECT event_id::text, published_at IS NOT NULL, attempts::bigint FROM {} ORDER BY id",
