@@ -22,6 +22,8 @@
 //! - [`guard`]: what bounds a run: the watchdog and the signals;
 //! - [`exit`]: the exit codes, and which failure is whose.
 
+#![forbid(unsafe_code)]
+
 pub mod broker;
 pub mod cli;
 pub mod commands;
