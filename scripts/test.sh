@@ -30,5 +30,13 @@ if command -v cargo-deny >/dev/null; then
 else
     step "skipped: cargo deny, not installed (scripts/setup.sh test builds it: cargo install --locked cargo-deny)"
 fi
+if command -v mdbook >/dev/null; then
+    step "mdbook build docs: the guide renders (into a scratch directory)"
+    book=$(mktemp -d)
+    mdbook build docs --dest-dir "$book"
+    rm -rf "$book"
+else
+    step "skipped: mdbook build, not installed (not needed: tests/readme.rs checks the book's links and anchors)"
+fi
 step "cargo test: every test (a first run builds the dependencies first)"
 cargo test
