@@ -7,7 +7,8 @@
 #
 # scripts/test.sh and scripts/demo.sh source this file, so that a Rust it
 # has just installed is on their PATH for their next step. With the argument
-# `rust` it sets up Rust alone (scripts/deb.sh needs no server).
+# `rust` it sets up Rust alone (scripts/deb.sh needs no server); with `test`,
+# also the tools of test.sh's guard rails (the MSRV toolchain, cargo-deny).
 #
 # Servers named by TEST_DATABASE_URL / TEST_AMQP_URL are left alone: they
 # are someone else's to run.
@@ -123,6 +124,37 @@ ensure_rust() {
     say "Rust is in ~/.cargo/bin: to use cargo in this shell, run . \"\$HOME/.cargo/env\" (new shells have it)"
 }
 
+# The minimum supported Rust version, for scripts/test.sh's MSRV check: a
+# rustup toolchain of its own beside the default one (a minute to fetch).
+# Without rustup, or without a way to static.rust-lang.org, the check is
+# skipped, and test.sh says so.
+ensure_msrv_toolchain() {
+    if ! command -v rustup >/dev/null; then
+        say "no rustup here to install Rust $rust_needed: scripts/test.sh skips the MSRV check"
+        return 0
+    fi
+    # grep reads it all (no -q): under pipefail an early exit would fail rustup.
+    rustup toolchain list | grep "^$rust_needed-" >/dev/null && return 0
+    say "installing the Rust $rust_needed toolchain for the MSRV check (a minute)"
+    rustup toolchain install "$rust_needed" --profile minimal >/dev/null 2>&1 ||
+        say "could not install Rust $rust_needed (is static.rust-lang.org reachable?): scripts/test.sh skips the MSRV check"
+}
+
+# cargo-deny, for scripts/test.sh's dependency policy, built once from
+# crates.io: minutes of compiling. Its build directory is kept, so a build
+# cut short by the time limit (SETUP_CARGO_DENY_MINUTES, 8 by default)
+# resumes on the next run instead of starting over; meanwhile test.sh
+# skips `cargo deny` and says so.
+ensure_cargo_deny() {
+    command -v cargo-deny >/dev/null && return 0
+    local minutes=${SETUP_CARGO_DENY_MINUTES:-8}
+    say "building cargo-deny from crates.io for the dependency policy (once; at most $minutes minutes a run)"
+    timeout "${minutes}m" cargo install --locked --quiet \
+        --target-dir "$HOME/.cache/outbox-poll/cargo-deny-build" cargo-deny >/dev/null 2>&1 || true
+    command -v cargo-deny >/dev/null ||
+        say "cargo-deny is not installed yet (crates.io unreachable, or its build needs more time and resumes next run): scripts/test.sh skips cargo deny"
+}
+
 # tests/observability.rs checks deploy/prometheus with promtool, which
 # Debian and Ubuntu ship only in the prometheus package (its server is
 # installed with it, and started where systemd runs).
@@ -138,3 +170,8 @@ if [ "${1:-}" != rust ]; then
     ensure_promtool
 fi
 ensure_rust
+# The guard rails' tools, for scripts/test.sh only (`setup.sh test`).
+if [ "${1:-}" = test ]; then
+    ensure_msrv_toolchain
+    ensure_cargo_deny
+fi

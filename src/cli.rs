@@ -1,6 +1,5 @@
-//! The command line, exactly as the contract names it (the README's
-//! "Command line"). Only parsing lives here; `config` turns it into
-//! typed settings.
+//! The command line, exactly as docs/src/command-line.md names it. Only
+//! parsing lives here; `config` turns it into typed settings.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,5 +1,5 @@
-//! The environment variables of the command line, read as the contract
-//! says: a variable set to the empty string counts as unset, and a value
+//! The environment variables of the command line, read as
+//! docs/src/command-line.md says: a variable set to the empty string counts as unset, and a value
 //! that does not parse is named by its variable (`OUTBOX_BATCH_SIZE="abc"
 //! is not a valid --batch-size: ...`), exit 2, while a flag given on the
 //! command line still wins over its variable.
@@ -32,7 +32,7 @@ struct Bad {
     message: String,
 }
 
-/// The command line, with the environment read as the contract says.
+/// The command line, with the environment read as docs/src/command-line.md says.
 /// Exits 2 (clap's usage error) on a bad command line or a bad variable.
 pub fn parse() -> Cli {
     let mut bad = Vec::new();

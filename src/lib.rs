@@ -7,7 +7,7 @@
 //!
 //! - [`cli`] and [`config`]: the command line, then the typed settings
 //!   every value is checked into before anything connects; [`environment`]:
-//!   the options' variables, read as the contract says;
+//!   the options' variables, read as docs/src/command-line.md says;
 //! - [`connect`]: reaching PostgreSQL and RabbitMQ, and naming them in
 //!   messages without a password;
 //! - [`relay`]: what happens in one run: claim a batch, publish it, mark
@@ -22,6 +22,8 @@
 //! - [`guard`]: what bounds a run: the watchdog and the signals;
 //! - [`exit`]: the exit codes, and which failure is whose;
 //! - [`archive`]: the file `prune --archive` writes and `replay` reads.
+
+#![forbid(unsafe_code)]
 
 pub mod archive;
 pub mod broker;

@@ -2,6 +2,8 @@
 //! RabbitMQ, then exit with a code cron and CI can act on. The work is in
 //! the library (src/lib.rs names its parts); this is its table of contents.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use anyhow::Result;

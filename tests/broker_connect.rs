@@ -1,4 +1,4 @@
-//! Connecting to RabbitMQ (the contract's "Connections"): a list of nodes
+//! Connecting to RabbitMQ (docs/src/connecting.md): a list of nodes
 //! tried in order, IPv6 literals that reach exactly the host named, amqps
 //! through a test-owned TLS terminator in front of the shared broker with a
 //! CA the test makes, the URL's tuning parameters as the broker receives

@@ -147,7 +147,7 @@ fn the_ordering_key_is_sent_as_the_x_ordering_key_header_in_every_mode() {
     }
 }
 
-/// The contract's nine columns, as a table migrated before the optional
+/// The nine columns of the first migrations, as a table migrated before the optional
 /// columns existed has them: none of headers, routing_key, ordering_key
 /// or producer_xid.
 fn table_without_the_optional_columns(fx: &mut Fixture) {

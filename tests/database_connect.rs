@@ -1,4 +1,4 @@
-//! Connecting to PostgreSQL as libpq does (the contract's "Connections"):
+//! Connecting to PostgreSQL as libpq does (docs/src/connecting.md):
 //! sslmode against a server of the test's own (TLS only over TCP, with a
 //! certificate the test issues for localhost, a trusted socket), so that
 //! nothing hangs on the machine's own certificate or pg_hba.conf; the TLS

@@ -1,4 +1,4 @@
-//! Every option's environment variable, as the contract reads it: empty
+//! Every option's environment variable, as docs/src/command-line.md reads it: empty
 //! counts as unset, a value that does not parse is named by its variable
 //! (exit 2), the flag wins over the variable; and no duration can ask for
 //! more than the run can honour.

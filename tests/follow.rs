@@ -375,7 +375,7 @@ fn assert_signal_ends_an_idle_follow(test: &str, signal: &str, code: i32) {
     let (run, _) = follower.finish();
     let took = signalled.elapsed();
     assert_eq!((run.code, run.field("exit_code")), (code, i64::from(code)));
-    // The contract says within a second; the bound is generous for a
+    // docs/src/timeouts.md says within a second; the bound is generous for a
     // machine busy with other tests.
     assert!(took < Duration::from_secs(3), "it took {took:?}");
 }

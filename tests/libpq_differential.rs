@@ -32,6 +32,11 @@
 //! libpq_differential` runs the same cases, and `LIBPQ_DIFF_VERBOSE=1`
 //! prints every one.
 
+// The comparison calls libpq itself through pq-sys, and sets the PG*
+// variables libpq reads (set_var is unsafe since edition 2024): every
+// unsafe block here carries its SAFETY comment.
+#![allow(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::fmt::Write as _;
@@ -688,8 +693,8 @@ fn read_options(list: *mut pq_sys::PQconninfoOption) -> BTreeMap<String, Option<
 
 /// A C string from libpq, as text (lossily: libpq passes bytes on).
 unsafe fn text(pointer: *const std::os::raw::c_char) -> Option<String> {
-    // SAFETY: the caller passes NULL or a NUL-terminated string.
     (!pointer.is_null()).then(|| {
+        // SAFETY: the caller passes NULL or a NUL-terminated string.
         unsafe { CStr::from_ptr(pointer) }
             .to_string_lossy()
             .into_owned()

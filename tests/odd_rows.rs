@@ -150,7 +150,7 @@ fn the_metrics_file_keeps_its_backlog_gauges() {
     );
 }
 
-/// A table without the contract's NOT NULL constraints on event_type and
+/// A table without the NOT NULL constraints of docs/src/table.md on event_type and
 /// payload, holding one row with each NULL among ordinary ones.
 fn null_columns(fx: &mut Fixture) {
     fx.execute(

@@ -23,7 +23,7 @@ fn known_states(fx: &mut Fixture) {
     );
 }
 
-/// The contract's five fields of `status --json` (see
+/// The first five fields of `status --json` (see
 /// `without_what_other_tests_move`).
 fn status_json(fx: &Fixture, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["status", "--json"];
@@ -33,7 +33,7 @@ fn status_json(fx: &Fixture, args: &[&str]) -> serde_json::Value {
     without_what_other_tests_move(run.summary())
 }
 
-/// After the contract's five fields come `expired` (no event of these
+/// After the first five fields come `expired` (no event of these
 /// tests expires: 0, checked and taken out), `ordered_held_back_s`,
 /// `dead_tuple_ratio`, `oldest_due_age_s`, `held_back_keys` and
 /// `keys_held_back`, taken out here; `ordered_held_back_s` and

@@ -238,13 +238,38 @@ fn the_test_script_runs_the_checks_with_the_rust_its_setup_just_installed() {
         .into_iter()
         .filter(|call| call.starts_with("cargo"))
         .collect();
+    let home = machine.home.path().display();
     assert_eq!(
         cargo,
         [
-            "cargo fmt --check",
-            "cargo clippy --all-targets --locked -- -D warnings",
-            "cargo test"
+            format!(
+                "cargo install --locked --quiet --target-dir {home}/.cache/outbox-poll/cargo-deny-build cargo-deny"
+            ),
+            "cargo fmt --check".into(),
+            "cargo clippy --all-targets --locked -- -D warnings".into(),
+            "cargo test".into()
         ]
+    );
+}
+
+#[test]
+fn the_test_script_says_why_it_skips_a_guard_rail_whose_tool_is_missing() {
+    // The fresh machine's Rust has no rustup and its cargo builds no
+    // cargo-deny: the MSRV check and cargo deny are skipped, each saying so.
+    let machine = FreshMachine::new("test-script-skips").with_rust_download();
+    let stdout = machine.run_ok("scripts/test.sh");
+    for skipped in [
+        "==> skipped: the MSRV check (cargo +1.88 check), no Rust 1.88 toolchain",
+        "==> skipped: cargo deny, not installed",
+    ] {
+        assert!(
+            stdout.lines().any(|line| line.starts_with(skipped)),
+            "no line starting {skipped:?}:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("setup: cargo-deny is not installed yet"),
+        "{stdout}"
     );
 }
 

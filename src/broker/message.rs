@@ -1,5 +1,5 @@
 //! The AMQP message an event becomes: its exchange and routing key, its
-//! properties (the contract's "Message properties", and what the optional
+//! properties (docs/src/messages.md, and what the optional
 //! columns add or override) and its body, the payload's bytes as read.
 
 use lapin::BasicProperties;

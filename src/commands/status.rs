@@ -1,5 +1,5 @@
 //! `outbox-poll status`: the backlog in figures, for people (a little
-//! table) and for scripts (`--json`, exactly the contract's object). Needs
+//! table) and for scripts (`--json`, exactly the object docs/src/operating.md gives). Needs
 //! no broker. `--fail-if-dead`, `--fail-if-oldest-over` and `--max-age`
 //! turn it into a monitoring check: exit 1 when a threshold is crossed.
 
@@ -53,7 +53,7 @@ pub fn run(database: &Database, json: bool, args: &StatusArgs) -> Result<Exit> {
 }
 
 /// `status` over the outboxes of a selection: each one's figures (as
-/// the contract's object, in `outboxes` with `--json`), and the totals
+/// the documented object, in `outboxes` with `--json`), and the totals
 /// over them. An outbox that cannot be read is told on stderr and makes
 /// the exit its own (69, 78); the others are still reported.
 pub fn run_many(selection: &Selection, json: bool, args: &StatusArgs) -> Result<Exit> {
@@ -148,7 +148,7 @@ pub fn run_many(selection: &Selection, json: bool, args: &StatusArgs) -> Result<
     Ok(crate::relay::many::most_urgent(exits.into_iter()))
 }
 
-/// What status reports beyond the contract's five figures.
+/// What status reports beyond its first five figures.
 #[derive(Debug, Default)]
 struct Beyond {
     /// How long the ordered modes have been held back (None: they are not).
@@ -162,10 +162,10 @@ struct Beyond {
     held_keys: Vec<HeldKey>,
 }
 
-/// The contract's object, then `ordered_held_back_s`, `dead_tuple_ratio`,
+/// The five figures' object, then `ordered_held_back_s`, `dead_tuple_ratio`,
 /// `oldest_due_age_s` and `held_back_keys` (each null when there is none),
 /// and with --by-type, last, a `by_type`
-/// object keyed by event type, each with the contract's five fields.
+/// object keyed by event type, each with those five fields.
 fn json_text(total: &Figures, beyond: &Beyond, by_type: Option<&[(String, Figures)]>) -> String {
     let mut object = total.to_json();
     object["ordered_held_back_s"] = beyond.held_back.as_ref().map(|held| held.age_s).into();

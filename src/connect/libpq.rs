@@ -5,7 +5,7 @@
 pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 /// The process environment, with empty variables treated as unset (the
-/// contract's rule for every variable; libpq itself would take
+/// rule of docs/src/command-line.md for every variable; libpq itself would take
 /// `PGSSLMODE=` as an invalid empty value).
 pub fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|value| !value.is_empty())

@@ -32,7 +32,7 @@ pub const AMQP: UrlSource = UrlSource {
     file_variable: "AMQP_URL_FILE",
 };
 
-/// A variable's value, empty counting as unset (the contract).
+/// A variable's value, empty counting as unset (docs/src/command-line.md).
 fn set(name: &str) -> Option<std::ffi::OsString> {
     std::env::var_os(name).filter(|value| !value.is_empty())
 }

@@ -20,8 +20,8 @@ use anyhow::{Context, Result, anyhow};
 use crate::exit::{self, Exit};
 use crate::guard::stop::Stop;
 
-/// How often a wait looks at the stop flag: well within the second the
-/// contract allows between a signal and the exit.
+/// How often a wait looks at the stop flag: well within the second
+/// docs/src/timeouts.md allows between a signal and the exit.
 pub const SLICE: Duration = Duration::from_millis(100);
 
 /// How a bounded wait ended.

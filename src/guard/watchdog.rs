@@ -49,7 +49,7 @@ pub struct Watchdog {
 
 impl Watchdog {
     /// Starts the thread, disarmed. `on_fire` runs just before the exit (it
-    /// prints the --json summary, which the contract wants whatever happens).
+    /// prints the --json summary, which docs/src/command-line.md promises whatever happens).
     pub fn spawn(on_fire: impl Fn(&Totals) + Send + Sync + 'static) -> Result<Self> {
         let state = Arc::new((Mutex::new(Armed::default()), Condvar::new()));
         let shared = Arc::clone(&state);

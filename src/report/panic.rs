@@ -1,4 +1,5 @@
-//! A panic is a bug, and still gets the contract's one line on stderr:
+//! A panic is a bug, and still gets the one line on stderr every failure
+//! gets (ARCHITECTURE.md, "One clear line, never a password"):
 //! no backtrace (even with RUST_BACKTRACE set), and the exit an
 //! unclassified error gets (`Exit::Internal`).
 //!

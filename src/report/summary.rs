@@ -1,5 +1,6 @@
 //! The `--json` summary of a poll run: one object on stdout at the end,
-//! whatever the exit code, its six fields in the contract's order, then
+//! whatever the exit code, its six fields in the order docs/src/command-line.md ("JSON
+//! summary") gives, then
 //! `unknown`: events whose batch's COMMIT outcome is unknown.
 
 use std::time::Instant;
@@ -75,7 +76,7 @@ pub fn print(totals: &Totals, started: Instant, exit: Exit) -> std::io::Result<(
     stdout::line(&object(totals, started, exit).to_string())
 }
 
-/// The totals' fields, in the contract's order.
+/// The totals' fields, in the documented order (docs/src/command-line.md).
 fn object(totals: &Totals, started: Instant, exit: Exit) -> serde_json::Value {
     serde_json::json!({
         "claimed": totals.claimed,

@@ -34,8 +34,9 @@ pub struct Figures {
 }
 
 impl Figures {
-    /// The contract's `status --json` object, its five fields in the
-    /// contract's order (serde_json's preserve_order keeps it), then
+    /// `status --json`'s object, its five fields in the order
+    /// docs/src/operating.md ("status") gives (serde_json's preserve_order
+    /// keeps it), then
     /// `expired`.
     pub fn to_json(self) -> serde_json::Value {
         serde_json::json!({

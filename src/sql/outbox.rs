@@ -92,7 +92,7 @@ pub struct Event {
     pub created_at: Option<f64>,
     pub attempts: i64,
     /// Why this row cannot become a message (a NULL or unreadable column,
-    /// which a table without the contract's NOT NULL constraints can hold):
+    /// which a table without the NOT NULL constraints of docs/src/table.md can hold):
     /// the event fails alone, the rest of the batch goes on.
     pub unreadable: Option<String>,
     /// The optional columns: None where the row holds NULL or the table

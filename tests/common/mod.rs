@@ -386,7 +386,27 @@ impl Fixture {
     /// The binary, pointed at this fixture's table, exchange and servers,
     /// with nothing inherited from the environment that could change it.
     pub fn command(&self) -> Command {
-        let mut command = Command::new(BIN);
+        self.configured(Command::new(BIN))
+    }
+
+    /// A shell (`bash -c SCRIPT`) in the binary's environment, with
+    /// `outbox-poll` first on its PATH: for the docs' runnable blocks.
+    pub fn shell(&self, script: &str) -> Command {
+        let bin = std::path::Path::new(BIN)
+            .parent()
+            .expect("the binary's directory");
+        let path = match std::env::var_os("PATH") {
+            Some(path) => format!("{}:{}", bin.display(), path.to_string_lossy()),
+            None => bin.display().to_string(),
+        };
+        let mut command = self.configured(Command::new("bash"));
+        command
+            .env("PATH", path)
+            .args(["-euo", "pipefail", "-c", script]);
+        command
+    }
+
+    fn configured(&self, mut command: Command) -> Command {
         for (name, _) in std::env::vars() {
             if name.starts_with("PG")
                 || name.starts_with("OUTBOX_")
@@ -503,7 +523,7 @@ impl Fixture {
     }
 
     /// (event_id, published, attempts) for tables whose column types differ
-    /// from the contract's, read as text.
+    /// from those migrate creates, read as text.
     pub fn rows_untyped(&mut self) -> Vec<(String, bool, i64)> {
         let sql = format!(
             "SELECT event_id::text, published_at IS NOT NULL, attempts::bigint FROM {} ORDER BY id",

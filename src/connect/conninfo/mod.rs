@@ -22,7 +22,7 @@
 //! Where this deliberately differs from libpq, the item says so. The
 //! differences, all small (tests/libpq_differential.rs checks the rest
 //! against the system's libpq, and lists these as expected):
-//! - an empty variable counts as unset (the contract; libpq takes
+//! - an empty variable counts as unset (docs/src/command-line.md; libpq takes
 //!   `PGSSLMODE=` as an invalid empty value);
 //! - `sslrootcert=system` works as in libpq 16 (libpq 15 reads a file
 //!   named "system");
