@@ -550,42 +550,154 @@ fn the_metrics_file_labels_each_outbox_with_its_database_and_table() {
 }
 
 #[test]
-fn a_follow_over_many_outboxes_publishes_an_event_committed_in_any_of_them() {
+fn a_follow_over_two_databases_publishes_events_committed_later_in_a_tenant_of_each() {
     let fx = Fixture::bare("many_follow");
+    let second = OwnDatabase::create(&fx, "2nd");
     let mut tenants = Tenants::of(&fx);
     let url = fx.database_url.clone();
     tenants.add(&fx, &url, "a", 1);
-    tenants.add(&fx, &url, "b", 0);
+    tenants.add(&fx, &second.url(), "b", 0);
+    let dir = Scratch::new("many_follow");
+    let file = dir.write("databases", &format!("{url}\n{}\n", second.url()));
     let mut child = fx
         .command()
-        .args([
-            "--table",
-            &tenants.pattern(),
-            "--follow",
-            "--max-duration",
-            "3s",
-        ])
-        .args(["--json"])
+        .args(["--databases", &file.display().to_string()])
+        .args(["--table", &tenants.pattern(), "--follow"])
+        .args(["--max-duration", "4s", "--json"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
-    let mut db = Client::connect(&url, NoTls).unwrap();
-    insert(&mut db, &tenants.table("b"), "b", 2);
-    let published = crate::common::wait_until(Duration::from_secs(2), || {
-        let schema = format!("{}_b", tenants.prefix);
-        let sql =
-            format!("SELECT count(*) FROM \"{schema}\".outbox WHERE published_at IS NOT NULL");
-        db.query_one(&sql, &[]).unwrap().get::<_, i64>(0) == 2
+    // Both tenants quiet, the run looking: then an event in each database.
+    let first_done = crate::common::wait_until(Duration::from_secs(3), || {
+        per_tenant_count(&url, &tenants, "a") == 1
+    });
+    let mut a = Client::connect(&url, NoTls).unwrap();
+    let mut b = Client::connect(&second.url(), NoTls).unwrap();
+    insert(&mut a, &tenants.table("a"), "a", 2);
+    insert(&mut b, &tenants.table("b"), "b", 2);
+    let published = crate::common::wait_until(Duration::from_secs(3), || {
+        per_tenant_count(&url, &tenants, "a") == 3
+            && per_tenant_count(&second.url(), &tenants, "b") == 2
     });
     let status = child.wait().unwrap();
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    assert!(published, "{stderr}");
+    assert!(first_done && published, "{stderr}");
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert_eq!(
         per_tenant(&fx),
-        HashMap::from([("a".into(), 1), ("b".into(), 2)])
+        HashMap::from([("a".into(), 3), ("b".into(), 2)])
+    );
+}
+
+/// How many of tenant `name`'s events (in the database of `url`) are
+/// published.
+fn per_tenant_count(url: &str, tenants: &Tenants, name: &str) -> i64 {
+    let mut db = Client::connect(url, NoTls).unwrap();
+    let sql = format!(
+        "SELECT count(*) FROM \"{}_{name}\".outbox WHERE published_at IS NOT NULL",
+        tenants.prefix
+    );
+    db.query_one(&sql, &[]).unwrap().get(0)
+}
+
+#[test]
+fn ordered_takes_one_lock_per_table_so_a_lock_held_on_one_outbox_holds_back_only_it() {
+    let fx = Fixture::bare_isolated("many_ordered");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    tenants.add(&fx, &url, "b", 2);
+    // Another ordered run, as far as this one can tell, on a's table only.
+    let mut other = Client::connect(&url, NoTls).unwrap();
+    let mut tx = other.transaction().unwrap();
+    let sql = format!(
+        "SELECT pg_try_advisory_xact_lock(2052318419, '\"{}_a\".outbox'::regclass::oid::int)",
+        tenants.prefix
+    );
+    assert!(tx.query_one(&sql, &[]).unwrap().get::<_, bool>(0));
+    let args = ["--table", &tenants.pattern(), "--ordered", "--json"];
+    let run = fx.run(&args);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(per_tenant(&fx), HashMap::from([("b".into(), 2)]));
+    tx.rollback().unwrap();
+    let run = fx.run(&args);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(per_tenant(&fx), HashMap::from([("a".into(), 2)]));
+}
+
+#[test]
+fn sessions_over_three_databases_never_exceed_max_connections_at_once() {
+    let fx = Fixture::bare("many_pool");
+    let (second, third) = (
+        OwnDatabase::create(&fx, "2nd"),
+        OwnDatabase::create(&fx, "3rd"),
+    );
+    let mut tenants = Tenants::of(&fx);
+    let urls = [fx.database_url.clone(), second.url(), third.url()];
+    for (n, url) in urls.iter().enumerate() {
+        tenants.add(&fx, url, &format!("t{n}"), 60);
+    }
+    let dir = Scratch::new("many_pool");
+    let file = dir.write("databases", &(urls.join("\n") + "\n"));
+    let file = file.display().to_string();
+    // The run's sessions, told apart by their application_name, counted
+    // every few milliseconds for as long as it runs.
+    let app = format!("{}_pool", fx.schema);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (done, app) = (done.clone(), app.clone());
+        std::thread::spawn(move || {
+            let mut db = connect_db();
+            let mut most = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
+                most = most.max(db.query_one(sql, &[&app]).unwrap().get::<_, i64>(0));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            most
+        })
+    };
+    let args = [
+        "--databases",
+        &file,
+        "--table",
+        &tenants.pattern(),
+        "--drain",
+        "--batch-size",
+        "5",
+        "--max-connections",
+        "2",
+        "--json",
+    ];
+    let run = fx.run_with(&[("PGAPPNAME", &app)], &args);
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let most = watcher.join().unwrap();
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(run.field("published"), 180);
+    assert!((1..=2).contains(&most), "{most} sessions at once");
+}
+
+#[test]
+fn requeue_dead_over_a_pattern_requeues_the_dead_events_of_every_tenant() {
+    let mut fx = Fixture::bare("many_requeue");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    tenants.add(&fx, &url, "b", 3);
+    let prefix = tenants.prefix.clone();
+    for name in ["a", "b"] {
+        fx.execute(&format!(
+            "UPDATE \"{prefix}_{name}\".outbox SET attempts = 10"
+        ));
+    }
+    let run = fx.run(&["--table", &tenants.pattern(), "requeue", "--dead"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    let run = fx.run(&["--table", &tenants.pattern(), "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        per_tenant(&fx),
+        HashMap::from([("a".into(), 2), ("b".into(), 3)])
     );
 }
