@@ -435,6 +435,10 @@ fn a_backlog_in_one_outbox_delays_the_small_ones_by_one_batch_each_at_most() {
         "10",
         "--max-batches",
         "7",
+        // Two batches in flight at most: with more than the outboxes, every
+        // one would be opened at once whatever the order of turns.
+        "--max-connections",
+        "2",
         "--json",
     ];
     let run = fx.run(&args);
@@ -574,7 +578,8 @@ fn a_follow_over_two_databases_publishes_events_committed_later_in_a_tenant_of_e
     });
     let mut a = Client::connect(&url, NoTls).unwrap();
     let mut b = Client::connect(&second.url(), NoTls).unwrap();
-    insert(&mut a, &tenants.table("a"), "a", 2);
+    // "a-late-<n>": tenant a's (see per_tenant), not its first events' ids.
+    insert(&mut a, &tenants.table("a"), "a-late", 2);
     insert(&mut b, &tenants.table("b"), "b", 2);
     let published = crate::common::wait_until(Duration::from_secs(3), || {
         per_tenant_count(&url, &tenants, "a") == 3

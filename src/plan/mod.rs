@@ -140,8 +140,8 @@ impl Selection {
 
     /// Resolves the selection in every database, in turn, and, when `due`
     /// is asked for, which outboxes have a due event. Each database's
-    /// session is kept in `clients` while fewer than --max-connections
-    /// are; `connect` opens them (the relay's sessions plan generically and
+    /// session is kept in `clients` while that leaves room under
+    /// --max-connections for the next database's; `connect` opens them (the relay's sessions plan generically and
     /// bound their transactions for a batch).
     pub fn plan(&self, due: bool, connect: &dyn Fn(&ConnInfo) -> Result<Client>) -> Result<Plan> {
         let mut plan = Plan {
@@ -197,7 +197,10 @@ impl Selection {
                     due,
                 });
             }
-            if plan.clients.len() < self.max_connections {
+            // The next database's connect must find room under the limit:
+            // one session is left free while others remain to be read.
+            let last = index + 1 == self.servers.len();
+            if plan.clients.len() + usize::from(!last) < self.max_connections {
                 plan.clients.push((index, client));
             }
         }
