@@ -28,7 +28,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use postgres::{Client, NoTls};
 
-use crate::common::{Fixture, check, env_list, env_or, load_average};
+use crate::common::{Fixture, check, env_list, env_or, load_average, url_in_database};
 
 /// Tenant schemas `<fixture>_<prefix><n>`, each with an outbox like the
 /// fixture's, dropped with it.
@@ -209,13 +209,6 @@ impl Drop for Databases {
     }
 }
 
-/// `url` naming database `dbname` instead (a URL with a path, as the
-/// bench's are).
-fn url_in(url: &str, dbname: &str) -> String {
-    let (base, _) = url.rsplit_once('/').expect("a URL with a database");
-    format!("{base}/{dbname}")
-}
-
 /// The empty run over 20 databases against one database's, and against 20
 /// sequential single-database runs; the bound allows the other databases'
 /// sessions their own start-up, timed from here.
@@ -237,7 +230,7 @@ fn databases(fx: &mut Fixture) -> Vec<String> {
             .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE template0"))
             .unwrap();
         dbs.names.push(name.clone());
-        let url = url_in(&admin, &name);
+        let url = url_in_database(&admin, &name);
         Client::connect(&url, NoTls)
             .unwrap()
             .batch_execute(&format!("CREATE SCHEMA {}", fx.name))

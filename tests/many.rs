@@ -706,3 +706,54 @@ fn requeue_dead_over_a_pattern_requeues_the_dead_events_of_every_tenant() {
         HashMap::from([("a".into(), 2), ("b".into(), 3)])
     );
 }
+
+#[test]
+fn ordered_by_key_drains_every_outbox_in_order_per_key() {
+    let fx = Fixture::bare_isolated("many_by_key");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 0);
+    tenants.add(&fx, &url, "b", 0);
+    let mut db = Client::connect(&url, NoTls).unwrap();
+    // Keys k<tenant>0 and k<tenant>1, 5 events each, interleaved: event n
+    // of a key is `<key>-<n>`. A claim takes one event of each key.
+    for tenant in ["a", "b"] {
+        db.batch_execute(&format!(
+            "INSERT INTO \"{}_{tenant}\".outbox (event_id, event_type, payload, ordering_key) \
+             SELECT 'k{tenant}' || g % 2 || '-' || g / 2, 'order.created', '{{}}', \
+                    'k{tenant}' || g % 2 FROM generate_series(0, 9) g",
+            tenants.prefix
+        ))
+        .unwrap();
+    }
+    let args = [
+        "--table",
+        &tenants.pattern(),
+        "--ordered-by-key",
+        "--drain",
+        "--json",
+    ];
+    let run = fx.run(&args);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(run.field("published"), 20);
+    assert_eq!(crate::common::assert_in_order_per_key(&fx.messages()), 20);
+}
+
+#[test]
+fn a_partitioned_outbox_in_a_list_is_served_though_it_has_no_pages_of_its_own() {
+    let mut fx = Fixture::partitioned("many_parts");
+    fx.insert("p", 3);
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    // An outbox never written to has no page: the plan asks it nothing.
+    tenants.add(&fx, &url, "none", 0);
+    let list = format!("{},{}", fx.table, tenants.pattern());
+    let run = fx.run(&["--table", &list, "--json"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(
+        per_tenant(&fx),
+        HashMap::from([("p".into(), 3), ("a".into(), 2)])
+    );
+    assert_eq!(outboxes(&run).len(), 3, "{}", run.stdout);
+}

@@ -486,9 +486,7 @@ fn args_of(container: &Yaml) -> Vec<String> {
 /// expanded as Kubernetes expands it: one line per completion index.
 fn indexed_job_lines() -> Vec<Vec<String>> {
     let (job_spec, _) = indexed_job();
-    let completions = job(&job_spec)["completions"]
-        .as_i64()
-        .expect("completions");
+    let completions = job(&job_spec)["completions"].as_i64().expect("completions");
     let args = args_of(container(&job_spec));
     (0..completions)
         .map(|index| {
@@ -659,7 +657,12 @@ fn the_indexed_job_shards_past_the_last_index_are_refused_with_2() {
         .arg("--help")
         .output()
         .unwrap();
-    assert_eq!(run.status.code(), Some(2), "{over:?}: {}", text(&run.stderr));
+    assert_eq!(
+        run.status.code(),
+        Some(2),
+        "{over:?}: {}",
+        text(&run.stderr)
+    );
 }
 
 #[test]
@@ -668,7 +671,10 @@ fn the_indexed_job_keeps_the_cronjobs_safety_settings() {
     let spec = job(&job_spec);
     // One shard's failure must not end the other shards' pods.
     assert_eq!(spec["backoffLimitPerIndex"].as_i64(), Some(0));
-    assert!(spec["backoffLimit"].is_badvalue(), "backoffLimit ends every index");
+    assert!(
+        spec["backoffLimit"].is_badvalue(),
+        "backoffLimit ends every index"
+    );
     assert_eq!(pod(&job_spec)["restartPolicy"].as_str(), Some("Never"));
     assert!(spec["activeDeadlineSeconds"].as_i64() > Some(50 + 85));
     assert!(pod(&job_spec)["terminationGracePeriodSeconds"].as_i64() >= Some(2 * 85));

@@ -3,10 +3,12 @@
 //! those of other shards. Resolved from the catalog at every run, so a
 //! tenant created between two runs is served by the next one.
 //!
-//! Per database the plan costs one catalog statement, and one statement
-//! per DUE_CHUNK tables asking which have a due event: an empty run over a
-//! thousand tenants prepares nothing and claims nothing. Only the tables
-//! with due events get sessions, statements and claims.
+//! Per database the plan costs one catalog statement, which also says
+//! which tables have no page at all (never written to, or truncated to
+//! nothing by vacuum), and one statement per DUE_CHUNK of the others
+//! asking which have a due event: an empty run over a thousand tenants
+//! prepares nothing and claims nothing. Only the tables with due events
+//! get sessions, statements and claims.
 
 pub mod pattern;
 
@@ -181,12 +183,12 @@ impl Selection {
                     error,
                 });
             }
-            let tables: Vec<TableName> = tables
+            let (tables, empty): (Vec<TableName>, Vec<bool>) = tables
                 .into_iter()
-                .filter(|table| self.in_shard(&server.label, table))
-                .collect();
+                .filter(|(table, _)| self.in_shard(&server.label, table))
+                .unzip();
             let flags = match due {
-                true => due_tables(&mut client, &tables, self.max_attempts),
+                true => due_unless_empty(&mut client, &tables, &empty, self.max_attempts),
                 false => vec![true; tables.len()],
             };
             for (table, due) in tables.into_iter().zip(flags) {
@@ -305,14 +307,18 @@ fn servers_of_file(path: &Path, url: Option<&str>, env: Env) -> Result<Vec<Serve
     Ok(servers)
 }
 
+/// A table of the catalog, and whether it has no page at all.
+type Found = (TableName, bool);
+
 /// The tables the entries name or match in this database, each once, in
-/// the catalog's order: tables and partitioned tables (never one
-/// partition alone), outside the system schemas. A name without a schema
+/// the catalog's order, each with whether it has no page at all: tables
+/// and partitioned tables (never one partition alone), outside the system
+/// schemas. A name without a schema
 /// is found in the search path (to_regclass); a pattern without one
 /// matches in the search path's schemas. A listed name that is not there
 /// is returned apart (its quoted name): it is not a pattern, and the
 /// operator asked for it.
-fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<TableName>, Vec<String>)> {
+fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<Found>, Vec<String>)> {
     let mut names = Vec::new();
     let (mut schemas, mut tables) = (Vec::new(), Vec::new());
     for entry in entries {
@@ -333,14 +339,14 @@ fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<TableName>, Ve
                 "check that PostgreSQL is reachable and this role may read the catalog",
             )
         })?;
-    let (mut found, mut missing): (Vec<TableName>, Vec<String>) = (Vec::new(), Vec::new());
+    let (mut found, mut missing): (Vec<Found>, Vec<String>) = (Vec::new(), Vec::new());
     for row in rows {
         let (schema, name): (Option<String>, Option<String>) = (row.get(0), row.get(1));
         match (schema, name) {
             (Some(schema), Some(name)) => {
                 let table = TableName::from_catalog(schema, name);
-                if !found.contains(&table) {
-                    found.push(table);
+                if !found.iter().any(|(seen, _)| *seen == table) {
+                    found.push((table, row.get::<_, Option<bool>>(3).unwrap_or(false)));
                 }
             }
             _ => missing.push(row.get::<_, Option<String>>(2).unwrap_or_default()),
@@ -349,9 +355,16 @@ fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<TableName>, Ve
     Ok((found, missing))
 }
 
-/// The names first (in the order given), then what the patterns match.
+/// The names first (in the order given), then what the patterns match;
+/// the fourth column: whether the table has no page at all. A table with
+/// none holds no row, not even one a transaction still in progress wrote
+/// (its insert extends the file first), so it has no due event: its claim
+/// is not asked. pg_relation_size takes and releases each table's lock
+/// in turn, so a thousand tables never crowd the lock table. A
+/// partitioned table has no pages of its own: never counted as empty.
 const RESOLVE_SQL: &str = "\
-    SELECT n.nspname::text, c.relname::text, NULL::text FROM pg_class c \
+    SELECT n.nspname::text, c.relname::text, NULL::text, \
+           c.relkind = 'r' AND pg_relation_size(c.oid) = 0 FROM pg_class c \
       JOIN pg_namespace n ON n.oid = c.relnamespace \
      WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
        AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
@@ -361,11 +374,33 @@ const RESOLVE_SQL: &str = "\
                       AND CASE WHEN p.s IS NULL THEN n.nspname = ANY (current_schemas(false)) \
                                ELSE n.nspname ~ p.s END) \
     UNION ALL \
-    SELECT n.nspname::text, c.relname::text, x.name FROM unnest($1::text[]) \
+    SELECT n.nspname::text, c.relname::text, x.name, \
+           c.relkind = 'r' AND pg_relation_size(c.oid) = 0 FROM unnest($1::text[]) \
              WITH ORDINALITY AS x(name, at) \
       LEFT JOIN pg_class c ON c.oid = to_regclass(x.name) \
       LEFT JOIN pg_namespace n ON n.oid = c.relnamespace \
     ORDER BY 1 NULLS FIRST, 2";
+
+/// Which of `tables` have a due event, those `empty` has no page asked
+/// nothing (see RESOLVE_SQL).
+fn due_unless_empty(
+    client: &mut Client,
+    tables: &[TableName],
+    empty: &[bool],
+    max_attempts: i32,
+) -> Vec<bool> {
+    let asked: Vec<TableName> = tables
+        .iter()
+        .zip(empty)
+        .filter(|(_, empty)| !**empty)
+        .map(|(table, _)| table.clone())
+        .collect();
+    let mut answers = due_tables(client, &asked, max_attempts).into_iter();
+    empty
+        .iter()
+        .map(|empty| !empty && answers.next().unwrap_or(true))
+        .collect()
+}
 
 /// Which of `tables` have a due event, DUE_CHUNK tables a statement: one
 /// branch per table, each reading the first due row as the claim reads it
