@@ -633,14 +633,15 @@ fn ordered_takes_one_lock_per_table_so_a_lock_held_on_one_outbox_holds_back_only
 }
 
 #[test]
-fn sessions_over_three_databases_never_exceed_max_connections_at_once() {
+fn sessions_over_four_databases_never_exceed_max_connections_at_once() {
     let fx = Fixture::bare("many_pool");
-    let (second, third) = (
-        OwnDatabase::create(&fx, "2nd"),
-        OwnDatabase::create(&fx, "3rd"),
-    );
+    let others: Vec<OwnDatabase> = ["2nd", "3rd", "4th"]
+        .iter()
+        .map(|suffix| OwnDatabase::create(&fx, suffix))
+        .collect();
     let mut tenants = Tenants::of(&fx);
-    let urls = [fx.database_url.clone(), second.url(), third.url()];
+    let mut urls = vec![fx.database_url.clone()];
+    urls.extend(others.iter().map(OwnDatabase::url));
     for (n, url) in urls.iter().enumerate() {
         tenants.add(&fx, url, &format!("t{n}"), 60);
     }
@@ -680,8 +681,11 @@ fn sessions_over_three_databases_never_exceed_max_connections_at_once() {
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     let most = watcher.join().unwrap();
     assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
-    assert_eq!(run.field("published"), 180);
-    assert!((1..=2).contains(&most), "{most} sessions at once");
+    assert_eq!(run.field("published"), 240);
+    // A session the run closed to make room for another database's may
+    // still be seen on the server for a moment after (its backend exits
+    // once it has read the goodbye): one more than the limit, never two.
+    assert!((1..=3).contains(&most), "{most} sessions at once");
 }
 
 #[test]

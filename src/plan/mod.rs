@@ -140,70 +140,82 @@ impl Selection {
         }
     }
 
-    /// Resolves the selection in every database, in turn, and, when `due`
-    /// is asked for, which outboxes have a due event. Each database's
-    /// session is kept in `clients` while that leaves room under
-    /// --max-connections for the next database's; `connect` opens them (the relay's sessions plan generically and
+    /// Resolves the selection in every database and, when `due` is asked
+    /// for, which outboxes have a due event. The databases are read in
+    /// waves of --max-connections at once, each on a thread and a session
+    /// of its own: a run over many databases waits for the slowest of a
+    /// wave, not for the sum of them all. The last wave's sessions are kept
+    /// in `clients` for the run; earlier waves' are closed before the next
+    /// one opens its own, so no more than --max-connections are ever open.
+    /// `connect` opens them (the relay's sessions plan generically and
     /// bound their transactions for a batch).
-    pub fn plan(&self, due: bool, connect: &dyn Fn(&ConnInfo) -> Result<Client>) -> Result<Plan> {
+    pub fn plan(
+        &self,
+        due: bool,
+        connect: &(dyn Fn(&ConnInfo) -> Result<Client> + Sync),
+    ) -> Result<Plan> {
         let mut plan = Plan {
             outboxes: Vec::new(),
             unread: Vec::new(),
             clients: Vec::new(),
         };
         let mut matched = 0;
-        for (index, server) in self.servers.iter().enumerate() {
-            let read = connect(&server.conninfo).and_then(|mut client| {
-                let (tables, missing) = resolve(&mut client, &self.entries)?;
-                Ok((client, tables, missing))
+        let width = self.max_connections.max(1);
+        let waves = self.servers.len().div_ceil(width);
+        for (wave, servers) in self.servers.chunks(width).enumerate() {
+            let reads: Vec<Result<Read>> = std::thread::scope(|scope| {
+                let threads: Vec<_> = servers
+                    .iter()
+                    .map(|server| scope.spawn(move || self.read(server, due, connect)))
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|thread| {
+                        thread.join().unwrap_or_else(|_| {
+                            Err(anyhow!("reading the catalog failed unexpectedly"))
+                        })
+                    })
+                    .collect()
             });
-            let (client, tables, missing) = match read {
-                Ok(read) => read,
-                Err(error) => {
+            for (at, read) in reads.into_iter().enumerate() {
+                let index = wave * width + at;
+                let server = &self.servers[index];
+                let read = match read {
+                    Ok(read) => read,
+                    Err(error) => {
+                        plan.unread.push(Unread {
+                            server: index,
+                            label: server.label.clone(),
+                            table: None,
+                            error,
+                        });
+                        continue;
+                    }
+                };
+                matched += read.matched;
+                for name in read.missing {
+                    let error = exit::config(anyhow!(
+                        "table {name} does not exist (it is listed in --table): run \
+                         `outbox-poll migrate --table {name}`, or take it out of the list"
+                    ));
                     plan.unread.push(Unread {
                         server: index,
                         label: server.label.clone(),
-                        table: None,
+                        table: Some(name),
                         error,
                     });
-                    continue;
                 }
-            };
-            let mut client = client;
-            matched += tables.len() + missing.len();
-            for name in missing {
-                let error = exit::config(anyhow!(
-                    "table {name} does not exist (it is listed in --table): run `outbox-poll \
-                     migrate --table {name}`, or take it out of the list"
-                ));
-                plan.unread.push(Unread {
-                    server: index,
-                    label: server.label.clone(),
-                    table: Some(name),
-                    error,
-                });
-            }
-            let (tables, empty): (Vec<TableName>, Vec<bool>) = tables
-                .into_iter()
-                .filter(|(table, _)| self.in_shard(&server.label, table))
-                .unzip();
-            let flags = match due {
-                true => due_unless_empty(&mut client, &tables, &empty, self.max_attempts),
-                false => vec![true; tables.len()],
-            };
-            for (table, due) in tables.into_iter().zip(flags) {
-                plan.outboxes.push(Planned {
-                    database: self.database(index, table),
-                    server: index,
-                    label: server.label.clone(),
-                    due,
-                });
-            }
-            // The next database's connect must find room under the limit:
-            // one session is left free while others remain to be read.
-            let last = index + 1 == self.servers.len();
-            if plan.clients.len() + usize::from(!last) < self.max_connections {
-                plan.clients.push((index, client));
+                for (table, due) in read.tables.into_iter().zip(read.due) {
+                    plan.outboxes.push(Planned {
+                        database: self.database(index, table),
+                        server: index,
+                        label: server.label.clone(),
+                        due,
+                    });
+                }
+                if wave + 1 == waves {
+                    plan.clients.push((index, read.client));
+                }
             }
         }
         if matched == 0 && plan.unread.is_empty() {
@@ -216,6 +228,34 @@ impl Selection {
             )));
         }
         Ok(plan)
+    }
+
+    /// One database's part of the plan: its catalog read, the tables of
+    /// this shard, and which have a due event (or, without `due`, all).
+    fn read(
+        &self,
+        server: &Server,
+        due: bool,
+        connect: &(dyn Fn(&ConnInfo) -> Result<Client> + Sync),
+    ) -> Result<Read> {
+        let mut client = connect(&server.conninfo)?;
+        let (tables, missing) = resolve(&mut client, &self.entries)?;
+        let matched = tables.len() + missing.len();
+        let (tables, empty): (Vec<TableName>, Vec<bool>) = tables
+            .into_iter()
+            .filter(|(table, _)| self.in_shard(&server.label, table))
+            .unzip();
+        let due = match due {
+            true => due_unless_empty(&mut client, &tables, &empty, self.max_attempts),
+            false => vec![true; tables.len()],
+        };
+        Ok(Read {
+            client,
+            tables,
+            due,
+            missing,
+            matched,
+        })
     }
 
     fn databases_text(&self) -> String {
@@ -305,6 +345,17 @@ fn servers_of_file(path: &Path, url: Option<&str>, env: Env) -> Result<Vec<Serve
         )));
     }
     Ok(servers)
+}
+
+/// What the plan read of one database.
+struct Read {
+    client: Client,
+    tables: Vec<TableName>,
+    due: Vec<bool>,
+    /// Listed names that are not there.
+    missing: Vec<String>,
+    /// Tables named or matched, in every shard.
+    matched: usize,
 }
 
 /// A table of the catalog, and whether it has no page at all.
