@@ -692,7 +692,7 @@ impl Drop for Fixture {
 }
 
 /// `url` (a PostgreSQL URL) naming database `dbname` instead.
-fn url_in_database(url: &str, dbname: &str) -> String {
+pub fn url_in_database(url: &str, dbname: &str) -> String {
     let config: postgres::Config = url.parse().expect("BENCH_DATABASE_URL");
     let user = config.get_user().unwrap_or("postgres");
     let password = match config.get_password() {

@@ -32,14 +32,16 @@
 //! (20000), the settings of bench/scale.rs, and BENCH_ONLY (a
 //! comma-separated subset of: limits,shapes,drain,delete,naive,scaling,
 //! memory,large,empty,connect,latency,trigger,ordered,by_key,inserts,
-//! payloads,size,partitions; without it, all but size and partitions, which fill
-//! millions of rows). The ordered modes' sections are in bench/ordering.rs;
+//! payloads,many_empty,many_databases,fairness,many_throughput (`many`: these
+//! four, bench/many.rs),size,partitions; without it, all but size and
+//! partitions, which fill millions of rows). The ordered modes' sections are in bench/ordering.rs;
 //! `connect` (bench/connect.rs) times the empty run with sslmode=prefer
 //! (TLS) against sslmode=disable, BENCH_EMPTY_RUNS of each.
 
 mod common;
 mod connect;
 mod latency;
+mod many;
 mod memory;
 mod ordering;
 mod payloads;
@@ -635,6 +637,9 @@ fn main() {
     }
     if wants(&fx, "trigger") {
         results.block(latency::trigger_cost(&mut fx));
+    }
+    for block in many::sections(&mut fx) {
+        results.block(block);
     }
     scale::sections(&mut fx, &mut results);
     results.print();

@@ -435,6 +435,10 @@ fn a_backlog_in_one_outbox_delays_the_small_ones_by_one_batch_each_at_most() {
         "10",
         "--max-batches",
         "7",
+        // Two batches in flight at most: with more than the outboxes, every
+        // one would be opened at once whatever the order of turns.
+        "--max-connections",
+        "2",
         "--json",
     ];
     let run = fx.run(&args);
@@ -550,42 +554,210 @@ fn the_metrics_file_labels_each_outbox_with_its_database_and_table() {
 }
 
 #[test]
-fn a_follow_over_many_outboxes_publishes_an_event_committed_in_any_of_them() {
+fn a_follow_over_two_databases_publishes_events_committed_later_in_a_tenant_of_each() {
     let fx = Fixture::bare("many_follow");
+    let second = OwnDatabase::create(&fx, "2nd");
     let mut tenants = Tenants::of(&fx);
     let url = fx.database_url.clone();
     tenants.add(&fx, &url, "a", 1);
-    tenants.add(&fx, &url, "b", 0);
+    tenants.add(&fx, &second.url(), "b", 0);
+    let dir = Scratch::new("many_follow");
+    let file = dir.write("databases", &format!("{url}\n{}\n", second.url()));
     let mut child = fx
         .command()
-        .args([
-            "--table",
-            &tenants.pattern(),
-            "--follow",
-            "--max-duration",
-            "3s",
-        ])
-        .args(["--json"])
+        .args(["--databases", &file.display().to_string()])
+        .args(["--table", &tenants.pattern(), "--follow"])
+        .args(["--max-duration", "4s", "--json"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
-    let mut db = Client::connect(&url, NoTls).unwrap();
-    insert(&mut db, &tenants.table("b"), "b", 2);
-    let published = crate::common::wait_until(Duration::from_secs(2), || {
-        let schema = format!("{}_b", tenants.prefix);
-        let sql =
-            format!("SELECT count(*) FROM \"{schema}\".outbox WHERE published_at IS NOT NULL");
-        db.query_one(&sql, &[]).unwrap().get::<_, i64>(0) == 2
+    // Both tenants quiet, the run looking: then an event in each database.
+    let first_done = crate::common::wait_until(Duration::from_secs(3), || {
+        per_tenant_count(&url, &tenants, "a") == 1
+    });
+    let mut a = Client::connect(&url, NoTls).unwrap();
+    let mut b = Client::connect(&second.url(), NoTls).unwrap();
+    // "a-late-<n>": tenant a's (see per_tenant), not its first events' ids.
+    insert(&mut a, &tenants.table("a"), "a-late", 2);
+    insert(&mut b, &tenants.table("b"), "b", 2);
+    let published = crate::common::wait_until(Duration::from_secs(3), || {
+        per_tenant_count(&url, &tenants, "a") == 3
+            && per_tenant_count(&second.url(), &tenants, "b") == 2
     });
     let status = child.wait().unwrap();
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    assert!(published, "{stderr}");
+    assert!(first_done && published, "{stderr}");
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert_eq!(
         per_tenant(&fx),
-        HashMap::from([("a".into(), 1), ("b".into(), 2)])
+        HashMap::from([("a".into(), 3), ("b".into(), 2)])
     );
+}
+
+/// How many of tenant `name`'s events (in the database of `url`) are
+/// published.
+fn per_tenant_count(url: &str, tenants: &Tenants, name: &str) -> i64 {
+    let mut db = Client::connect(url, NoTls).unwrap();
+    let sql = format!(
+        "SELECT count(*) FROM \"{}_{name}\".outbox WHERE published_at IS NOT NULL",
+        tenants.prefix
+    );
+    db.query_one(&sql, &[]).unwrap().get(0)
+}
+
+#[test]
+fn ordered_takes_one_lock_per_table_so_a_lock_held_on_one_outbox_holds_back_only_it() {
+    let fx = Fixture::bare_isolated("many_ordered");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    tenants.add(&fx, &url, "b", 2);
+    // Another ordered run, as far as this one can tell, on a's table only.
+    let mut other = Client::connect(&url, NoTls).unwrap();
+    let mut tx = other.transaction().unwrap();
+    let sql = format!(
+        "SELECT pg_try_advisory_xact_lock(2052318419, '\"{}_a\".outbox'::regclass::oid::int)",
+        tenants.prefix
+    );
+    assert!(tx.query_one(&sql, &[]).unwrap().get::<_, bool>(0));
+    let args = ["--table", &tenants.pattern(), "--ordered", "--json"];
+    let run = fx.run(&args);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(per_tenant(&fx), HashMap::from([("b".into(), 2)]));
+    tx.rollback().unwrap();
+    let run = fx.run(&args);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(per_tenant(&fx), HashMap::from([("a".into(), 2)]));
+}
+
+#[test]
+fn sessions_over_four_databases_never_exceed_max_connections_at_once() {
+    let fx = Fixture::bare("many_pool");
+    let others: Vec<OwnDatabase> = ["2nd", "3rd", "4th"]
+        .iter()
+        .map(|suffix| OwnDatabase::create(&fx, suffix))
+        .collect();
+    let mut tenants = Tenants::of(&fx);
+    let mut urls = vec![fx.database_url.clone()];
+    urls.extend(others.iter().map(OwnDatabase::url));
+    for (n, url) in urls.iter().enumerate() {
+        tenants.add(&fx, url, &format!("t{n}"), 60);
+    }
+    let dir = Scratch::new("many_pool");
+    let file = dir.write("databases", &(urls.join("\n") + "\n"));
+    let file = file.display().to_string();
+    // The run's sessions, told apart by their application_name, counted
+    // every few milliseconds for as long as it runs.
+    let app = format!("{}_pool", fx.schema);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (done, app) = (done.clone(), app.clone());
+        std::thread::spawn(move || {
+            let mut db = connect_db();
+            let mut most = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
+                most = most.max(db.query_one(sql, &[&app]).unwrap().get::<_, i64>(0));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            most
+        })
+    };
+    let args = [
+        "--databases",
+        &file,
+        "--table",
+        &tenants.pattern(),
+        "--drain",
+        "--batch-size",
+        "5",
+        "--max-connections",
+        "2",
+        "--json",
+    ];
+    let run = fx.run_with(&[("PGAPPNAME", &app)], &args);
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let most = watcher.join().unwrap();
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(run.field("published"), 240);
+    // A session the run closed to make room for another database's may
+    // still be seen on the server for a moment after (its backend exits
+    // once it has read the goodbye): one more than the limit, never two.
+    assert!((1..=3).contains(&most), "{most} sessions at once");
+}
+
+#[test]
+fn requeue_dead_over_a_pattern_requeues_the_dead_events_of_every_tenant() {
+    let mut fx = Fixture::bare("many_requeue");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    tenants.add(&fx, &url, "b", 3);
+    let prefix = tenants.prefix.clone();
+    for name in ["a", "b"] {
+        fx.execute(&format!(
+            "UPDATE \"{prefix}_{name}\".outbox SET attempts = 10"
+        ));
+    }
+    let run = fx.run(&["--table", &tenants.pattern(), "requeue", "--dead"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    let run = fx.run(&["--table", &tenants.pattern(), "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        per_tenant(&fx),
+        HashMap::from([("a".into(), 2), ("b".into(), 3)])
+    );
+}
+
+#[test]
+fn ordered_by_key_drains_every_outbox_in_order_per_key() {
+    let fx = Fixture::bare_isolated("many_by_key");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 0);
+    tenants.add(&fx, &url, "b", 0);
+    let mut db = Client::connect(&url, NoTls).unwrap();
+    // Keys k<tenant>0 and k<tenant>1, 5 events each, interleaved: event n
+    // of a key is `<key>-<n>`. A claim takes one event of each key.
+    for tenant in ["a", "b"] {
+        db.batch_execute(&format!(
+            "INSERT INTO \"{}_{tenant}\".outbox (event_id, event_type, payload, ordering_key) \
+             SELECT 'k{tenant}' || g % 2 || '-' || g / 2, 'order.created', '{{}}', \
+                    'k{tenant}' || g % 2 FROM generate_series(0, 9) g",
+            tenants.prefix
+        ))
+        .unwrap();
+    }
+    let args = [
+        "--table",
+        &tenants.pattern(),
+        "--ordered-by-key",
+        "--drain",
+        "--json",
+    ];
+    let run = fx.run(&args);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(run.field("published"), 20);
+    assert_eq!(crate::common::assert_in_order_per_key(&fx.messages()), 20);
+}
+
+#[test]
+fn a_partitioned_outbox_in_a_list_is_served_though_it_has_no_pages_of_its_own() {
+    let mut fx = Fixture::partitioned("many_parts");
+    fx.insert("p", 3);
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    // An outbox never written to has no page: the plan asks it nothing.
+    tenants.add(&fx, &url, "none", 0);
+    let list = format!("{},{}", fx.table, tenants.pattern());
+    let run = fx.run(&["--table", &list, "--json"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(
+        per_tenant(&fx),
+        HashMap::from([("p".into(), 3), ("a".into(), 2)])
+    );
+    assert_eq!(outboxes(&run).len(), 3, "{}", run.stdout);
 }

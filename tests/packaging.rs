@@ -405,14 +405,8 @@ fn every_command_line_the_deploy_files_run_is_one_the_binary_accepts() {
         })
         .collect();
     let (cronjob, _) = cronjob();
-    let args = container(&cronjob)["args"]
-        .as_vec()
-        .expect("the CronJob's args");
-    lines.push(
-        args.iter()
-            .map(|arg| arg.as_str().unwrap().to_string())
-            .collect(),
-    );
+    lines.push(args_of(container(&cronjob)));
+    lines.extend(indexed_job_lines());
     for args in lines {
         // clap refuses an unknown option before it reads --help.
         let run = Command::new(crate::common::BIN)
@@ -430,6 +424,7 @@ fn no_deploy_file_gives_a_url_on_the_command_line() {
         "crontab.example",
         "Dockerfile",
         "deploy/kubernetes/cronjob.yaml",
+        "deploy/kubernetes/indexed-job.yaml",
         "deploy/systemd/outbox-poll.service",
         "deploy/systemd/outbox-poll-follow.service",
     ] {
@@ -485,10 +480,46 @@ fn the_example_environment_file_names_only_variables_outbox_poll_reads() {
 
 /// deploy/kubernetes/cronjob.yaml: its one document and its text.
 fn cronjob() -> (Yaml, String) {
-    let text = read("deploy/kubernetes/cronjob.yaml");
-    let mut documents = YamlLoader::load_from_str(&text).expect("cronjob.yaml is YAML");
-    assert_eq!(documents.len(), 1);
+    manifest("deploy/kubernetes/cronjob.yaml")
+}
+
+/// deploy/kubernetes/indexed-job.yaml, a CronJob of Indexed Jobs.
+fn indexed_job() -> (Yaml, String) {
+    manifest("deploy/kubernetes/indexed-job.yaml")
+}
+
+/// A manifest's one document and its text.
+fn manifest(path: &str) -> (Yaml, String) {
+    let text = read(path);
+    let mut documents =
+        YamlLoader::load_from_str(&text).unwrap_or_else(|e| panic!("{path} is not YAML: {e}"));
+    assert_eq!(documents.len(), 1, "{path}");
     (documents.remove(0), text)
+}
+
+/// A container's args, as strings.
+fn args_of(container: &Yaml) -> Vec<String> {
+    container["args"]
+        .as_vec()
+        .expect("the container's args")
+        .iter()
+        .map(|arg| arg.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The args of each pod of the indexed Job, `$(JOB_COMPLETION_INDEX)`
+/// expanded as Kubernetes expands it: one line per completion index.
+fn indexed_job_lines() -> Vec<Vec<String>> {
+    let (job_spec, _) = indexed_job();
+    let completions = job(&job_spec)["completions"].as_i64().expect("completions");
+    let args = args_of(container(&job_spec));
+    (0..completions)
+        .map(|index| {
+            args.iter()
+                .map(|arg| arg.replace("$(JOB_COMPLETION_INDEX)", &index.to_string()))
+                .collect()
+        })
+        .collect()
 }
 
 fn job(cronjob: &Yaml) -> &Yaml {
@@ -593,6 +624,102 @@ fn the_cronjob_sets_resources_and_a_grace_period_for_the_batches_in_hand() {
 #[test]
 fn the_cronjob_explains_each_exit_code_for_alerts() {
     let (_, text) = cronjob();
+    explains_each_exit_code(&text);
+}
+
+// The Kubernetes CronJob of Indexed Jobs, one shard a pod.
+
+#[test]
+fn the_indexed_job_runs_one_shard_per_completion_index_and_every_shard_once() {
+    let (job_spec, text) = indexed_job();
+    assert_eq!(job_spec["kind"].as_str(), Some("CronJob"));
+    let spec = job(&job_spec);
+    assert_eq!(spec["completionMode"].as_str(), Some("Indexed"));
+    let completions = spec["completions"].as_i64().expect("completions");
+    assert!(completions > 1, "{completions}");
+    assert_eq!(spec["parallelism"].as_i64(), Some(completions));
+    let args = args_of(container(&job_spec));
+    let shard = args
+        .iter()
+        .position(|arg| arg == "--shard")
+        .map(|at| args[at + 1].as_str());
+    let expected = format!("$(JOB_COMPLETION_INDEX)/{completions}");
+    assert_eq!(shard, Some(expected.as_str()), "{args:?}");
+    // Kubernetes expands $(NAME) in args only from the container's env.
+    let env = container(&job_spec)["env"].as_vec().expect("env");
+    let index = env
+        .iter()
+        .find(|var| var["name"].as_str() == Some("JOB_COMPLETION_INDEX"))
+        .expect("JOB_COMPLETION_INDEX in env");
+    assert_eq!(
+        index["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("metadata.annotations['batch.kubernetes.io/job-completion-index']")
+    );
+    assert!(text.contains("SKIP LOCKED"));
+}
+
+#[test]
+fn the_indexed_job_shards_past_the_last_index_are_refused_with_2() {
+    // One more index than completions: the binary says the shard is
+    // outside 0..N-1, so a manifest whose N and completions disagree the
+    // other way round cannot pass unseen either.
+    let lines = indexed_job_lines();
+    let last = lines.last().unwrap();
+    let over = last
+        .iter()
+        .map(|arg| {
+            let Some((index, count)) = arg.split_once('/') else {
+                return arg.clone();
+            };
+            match (index.parse::<u32>(), count.parse::<u32>()) {
+                (Ok(index), Ok(count)) => format!("{}/{count}", index + 1),
+                _ => arg.clone(),
+            }
+        })
+        .collect::<Vec<_>>();
+    let run = Command::new(crate::common::BIN)
+        .args(&over)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert_eq!(
+        run.status.code(),
+        Some(2),
+        "{over:?}: {}",
+        text(&run.stderr)
+    );
+}
+
+#[test]
+fn the_indexed_job_keeps_the_cronjobs_safety_settings() {
+    let (job_spec, text) = indexed_job();
+    let spec = job(&job_spec);
+    // One shard's failure must not end the other shards' pods.
+    assert_eq!(spec["backoffLimitPerIndex"].as_i64(), Some(0));
+    assert!(
+        spec["backoffLimit"].is_badvalue(),
+        "backoffLimit ends every index"
+    );
+    assert_eq!(pod(&job_spec)["restartPolicy"].as_str(), Some("Never"));
+    assert!(spec["activeDeadlineSeconds"].as_i64() > Some(50 + 85));
+    assert!(pod(&job_spec)["terminationGracePeriodSeconds"].as_i64() >= Some(2 * 85));
+    assert_eq!(
+        pod(&job_spec)["securityContext"]["runAsNonRoot"].as_bool(),
+        Some(true)
+    );
+    let security = &container(&job_spec)["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"].as_bool(), Some(true));
+    let env = container(&job_spec)["env"].as_vec().expect("env");
+    let names: Vec<&str> = env.iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["JOB_COMPLETION_INDEX", "DATABASE_URL_FILE", "AMQP_URL_FILE"]
+    );
+    explains_each_exit_code(&text);
+}
+
+/// A comment line of `text` starts with each exit code.
+fn explains_each_exit_code(text: &str) {
     for code in ["0", "1", "2", "69", "78", "130, 143"] {
         assert!(
             text.lines().any(|line| line

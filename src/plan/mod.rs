@@ -3,10 +3,12 @@
 //! those of other shards. Resolved from the catalog at every run, so a
 //! tenant created between two runs is served by the next one.
 //!
-//! Per database the plan costs one catalog statement, and one statement
-//! per DUE_CHUNK tables asking which have a due event: an empty run over a
-//! thousand tenants prepares nothing and claims nothing. Only the tables
-//! with due events get sessions, statements and claims.
+//! Per database the plan costs one catalog statement, which also says
+//! which tables have no page at all (never written to, or truncated to
+//! nothing by vacuum), and one statement per DUE_CHUNK of the others
+//! asking which have a due event: an empty run over a thousand tenants
+//! prepares nothing and claims nothing. Only the tables with due events
+//! get sessions, statements and claims.
 
 pub mod pattern;
 
@@ -139,67 +141,82 @@ impl Selection {
         }
     }
 
-    /// Resolves the selection in every database, in turn, and, when `due`
-    /// is asked for, which outboxes have a due event. Each database's
-    /// session is kept in `clients` while fewer than --max-connections
-    /// are; `connect` opens them (the relay's sessions plan generically and
+    /// Resolves the selection in every database and, when `due` is asked
+    /// for, which outboxes have a due event. The databases are read in
+    /// waves of --max-connections at once, each on a thread and a session
+    /// of its own: a run over many databases waits for the slowest of a
+    /// wave, not for the sum of them all. The last wave's sessions are kept
+    /// in `clients` for the run; earlier waves' are closed before the next
+    /// one opens its own, so no more than --max-connections are ever open.
+    /// `connect` opens them (the relay's sessions plan generically and
     /// bound their transactions for a batch).
-    pub fn plan(&self, due: bool, connect: &dyn Fn(&ConnInfo) -> Result<Client>) -> Result<Plan> {
+    pub fn plan(
+        &self,
+        due: bool,
+        connect: &(dyn Fn(&ConnInfo) -> Result<Client> + Sync),
+    ) -> Result<Plan> {
         let mut plan = Plan {
             outboxes: Vec::new(),
             unread: Vec::new(),
             clients: Vec::new(),
         };
         let mut matched = 0;
-        for (index, server) in self.servers.iter().enumerate() {
-            let read = connect(&server.conninfo).and_then(|mut client| {
-                let (tables, missing) = resolve(&mut client, &self.entries)?;
-                Ok((client, tables, missing))
+        let width = self.max_connections.max(1);
+        let waves = self.servers.len().div_ceil(width);
+        for (wave, servers) in self.servers.chunks(width).enumerate() {
+            let reads: Vec<Result<Read>> = std::thread::scope(|scope| {
+                let threads: Vec<_> = servers
+                    .iter()
+                    .map(|server| scope.spawn(move || self.read(server, due, connect)))
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|thread| {
+                        thread.join().unwrap_or_else(|_| {
+                            Err(anyhow!("reading the catalog failed unexpectedly"))
+                        })
+                    })
+                    .collect()
             });
-            let (client, tables, missing) = match read {
-                Ok(read) => read,
-                Err(error) => {
+            for (at, read) in reads.into_iter().enumerate() {
+                let index = wave * width + at;
+                let server = &self.servers[index];
+                let read = match read {
+                    Ok(read) => read,
+                    Err(error) => {
+                        plan.unread.push(Unread {
+                            server: index,
+                            label: server.label.clone(),
+                            table: None,
+                            error,
+                        });
+                        continue;
+                    }
+                };
+                matched += read.matched;
+                for name in read.missing {
+                    let error = exit::config(anyhow!(
+                        "table {name} does not exist (it is listed in --table): run \
+                         `outbox-poll migrate --table {name}`, or take it out of the list"
+                    ));
                     plan.unread.push(Unread {
                         server: index,
                         label: server.label.clone(),
-                        table: None,
+                        table: Some(name),
                         error,
                     });
-                    continue;
                 }
-            };
-            let mut client = client;
-            matched += tables.len() + missing.len();
-            for name in missing {
-                let error = exit::config(anyhow!(
-                    "table {name} does not exist (it is listed in --table): run `outbox-poll \
-                     migrate --table {name}`, or take it out of the list"
-                ));
-                plan.unread.push(Unread {
-                    server: index,
-                    label: server.label.clone(),
-                    table: Some(name),
-                    error,
-                });
-            }
-            let tables: Vec<TableName> = tables
-                .into_iter()
-                .filter(|table| self.in_shard(&server.label, table))
-                .collect();
-            let flags = match due {
-                true => due_tables(&mut client, &tables, self.max_attempts),
-                false => vec![true; tables.len()],
-            };
-            for (table, due) in tables.into_iter().zip(flags) {
-                plan.outboxes.push(Planned {
-                    database: self.database(index, table),
-                    server: index,
-                    label: server.label.clone(),
-                    due,
-                });
-            }
-            if plan.clients.len() < self.max_connections {
-                plan.clients.push((index, client));
+                for (table, due) in read.tables.into_iter().zip(read.due) {
+                    plan.outboxes.push(Planned {
+                        database: self.database(index, table),
+                        server: index,
+                        label: server.label.clone(),
+                        due,
+                    });
+                }
+                if wave + 1 == waves {
+                    plan.clients.push((index, read.client));
+                }
             }
         }
         if matched == 0 && plan.unread.is_empty() {
@@ -212,6 +229,34 @@ impl Selection {
             )));
         }
         Ok(plan)
+    }
+
+    /// One database's part of the plan: its catalog read, the tables of
+    /// this shard, and which have a due event (or, without `due`, all).
+    fn read(
+        &self,
+        server: &Server,
+        due: bool,
+        connect: &(dyn Fn(&ConnInfo) -> Result<Client> + Sync),
+    ) -> Result<Read> {
+        let mut client = connect(&server.conninfo)?;
+        let (tables, missing) = resolve(&mut client, &self.entries)?;
+        let matched = tables.len() + missing.len();
+        let (tables, empty): (Vec<TableName>, Vec<bool>) = tables
+            .into_iter()
+            .filter(|(table, _)| self.in_shard(&server.label, table))
+            .unzip();
+        let due = match due {
+            true => due_unless_empty(&mut client, &tables, &empty, self.max_attempts),
+            false => vec![true; tables.len()],
+        };
+        Ok(Read {
+            client,
+            tables,
+            due,
+            missing,
+            matched,
+        })
     }
 
     fn databases_text(&self) -> String {
@@ -303,14 +348,29 @@ fn servers_of_file(path: &Path, url: Option<&str>, env: Env) -> Result<Vec<Serve
     Ok(servers)
 }
 
+/// What the plan read of one database.
+struct Read {
+    client: Client,
+    tables: Vec<TableName>,
+    due: Vec<bool>,
+    /// Listed names that are not there.
+    missing: Vec<String>,
+    /// Tables named or matched, in every shard.
+    matched: usize,
+}
+
+/// A table of the catalog, and whether it has no page at all.
+type Found = (TableName, bool);
+
 /// The tables the entries name or match in this database, each once, in
-/// the catalog's order: tables and partitioned tables (never one
-/// partition alone), outside the system schemas. A name without a schema
+/// the catalog's order, each with whether it has no page at all: tables
+/// and partitioned tables (never one partition alone), outside the system
+/// schemas. A name without a schema
 /// is found in the search path (to_regclass); a pattern without one
 /// matches in the search path's schemas. A listed name that is not there
 /// is returned apart (its quoted name): it is not a pattern, and the
 /// operator asked for it.
-fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<TableName>, Vec<String>)> {
+fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<Found>, Vec<String>)> {
     let mut names = Vec::new();
     let (mut schemas, mut tables) = (Vec::new(), Vec::new());
     for entry in entries {
@@ -331,14 +391,14 @@ fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<TableName>, Ve
                 "check that PostgreSQL is reachable and this role may read the catalog",
             )
         })?;
-    let (mut found, mut missing): (Vec<TableName>, Vec<String>) = (Vec::new(), Vec::new());
+    let (mut found, mut missing): (Vec<Found>, Vec<String>) = (Vec::new(), Vec::new());
     for row in rows {
         let (schema, name): (Option<String>, Option<String>) = (row.get(0), row.get(1));
         match (schema, name) {
             (Some(schema), Some(name)) => {
                 let table = TableName::from_catalog(schema, name);
-                if !found.contains(&table) {
-                    found.push(table);
+                if !found.iter().any(|(seen, _)| *seen == table) {
+                    found.push((table, row.get::<_, Option<bool>>(3).unwrap_or(false)));
                 }
             }
             _ => missing.push(row.get::<_, Option<String>>(2).unwrap_or_default()),
@@ -347,9 +407,16 @@ fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<TableName>, Ve
     Ok((found, missing))
 }
 
-/// The names first (in the order given), then what the patterns match.
+/// The names first (in the order given), then what the patterns match;
+/// the fourth column: whether the table has no page at all. A table with
+/// none holds no row, not even one a transaction still in progress wrote
+/// (its insert extends the file first), so it has no due event: its claim
+/// is not asked. pg_relation_size takes and releases each table's lock
+/// in turn, so a thousand tables never crowd the lock table. A
+/// partitioned table has no pages of its own: never counted as empty.
 const RESOLVE_SQL: &str = "\
-    SELECT n.nspname::text, c.relname::text, NULL::text FROM pg_class c \
+    SELECT n.nspname::text, c.relname::text, NULL::text, \
+           c.relkind = 'r' AND pg_relation_size(c.oid) = 0 FROM pg_class c \
       JOIN pg_namespace n ON n.oid = c.relnamespace \
      WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
        AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
@@ -359,11 +426,33 @@ const RESOLVE_SQL: &str = "\
                       AND CASE WHEN p.s IS NULL THEN n.nspname = ANY (current_schemas(false)) \
                                ELSE n.nspname ~ p.s END) \
     UNION ALL \
-    SELECT n.nspname::text, c.relname::text, x.name FROM unnest($1::text[]) \
+    SELECT n.nspname::text, c.relname::text, x.name, \
+           c.relkind = 'r' AND pg_relation_size(c.oid) = 0 FROM unnest($1::text[]) \
              WITH ORDINALITY AS x(name, at) \
       LEFT JOIN pg_class c ON c.oid = to_regclass(x.name) \
       LEFT JOIN pg_namespace n ON n.oid = c.relnamespace \
     ORDER BY 1 NULLS FIRST, 2";
+
+/// Which of `tables` have a due event, those `empty` has no page asked
+/// nothing (see RESOLVE_SQL).
+fn due_unless_empty(
+    client: &mut Client,
+    tables: &[TableName],
+    empty: &[bool],
+    max_attempts: i32,
+) -> Vec<bool> {
+    let asked: Vec<TableName> = tables
+        .iter()
+        .zip(empty)
+        .filter(|(_, empty)| !**empty)
+        .map(|(table, _)| table.clone())
+        .collect();
+    let mut answers = due_tables(client, &asked, max_attempts).into_iter();
+    empty
+        .iter()
+        .map(|empty| !empty && answers.next().unwrap_or(true))
+        .collect()
+}
 
 /// Which of `tables` have a due event, DUE_CHUNK tables a statement: one
 /// branch per table, each reading the first due row as the claim reads it
