@@ -37,4 +37,5 @@ mod progress;
 mod readme;
 mod refusals;
 mod soak;
+mod traces;
 mod wait;
