@@ -155,11 +155,15 @@ fn serve(stream: TcpStream, received: &Mutex<Received>) {
             return;
         }
         let content_type = headers.get("content-type").cloned().unwrap_or_default();
-        let request = match content_type.as_str() {
-            "application/json" => serde_json::from_slice::<ExportTraceServiceRequest>(&body)
-                .unwrap_or_else(|error| panic!("bad OTLP JSON: {error}")),
-            _ => ExportTraceServiceRequest::decode(body.as_slice())
-                .unwrap_or_else(|error| panic!("bad OTLP protobuf: {error}")),
+        let arrived = match content_type.as_str() {
+            "application/json" => spans_of_json(
+                &serde_json::from_slice(&body)
+                    .unwrap_or_else(|error| panic!("bad OTLP JSON: {error}")),
+            ),
+            _ => spans(
+                ExportTraceServiceRequest::decode(body.as_slice())
+                    .unwrap_or_else(|error| panic!("bad OTLP protobuf: {error}")),
+            ),
         };
         let answer: &[u8] = match content_type.as_str() {
             "application/json" => b"{}",
@@ -167,7 +171,7 @@ fn serve(stream: TcpStream, received: &Mutex<Received>) {
         };
         {
             let mut received = received.lock().unwrap();
-            received.spans.extend(spans(request));
+            received.spans.extend(arrived);
             received.requests.push(Request {
                 path,
                 content_type: content_type.clone(),
@@ -207,6 +211,60 @@ fn spans(request: ExportTraceServiceRequest) -> Vec<Span> {
                         .map(|link| (hex(&link.trace_id), hex(&link.span_id)))
                         .collect(),
                     status: span.status.map_or(0, |status| status.code),
+                    service: service.clone(),
+                });
+            }
+        }
+    }
+    all
+}
+
+/// OTLP/JSON read as the specification writes it (lowerCamelCase names,
+/// ids in hex, 64-bit integers as strings), on its own rather than through
+/// opentelemetry-proto's serde: the tests' serde_json has
+/// arbitrary_precision, which that serde cannot read doubles with.
+fn spans_of_json(request: &serde_json::Value) -> Vec<Span> {
+    let list = |value: &serde_json::Value, name: &str| -> Vec<serde_json::Value> {
+        value[name].as_array().cloned().unwrap_or_default()
+    };
+    let string = |value: &serde_json::Value| value.as_str().unwrap_or_default().to_string();
+    let json_attributes = |value: &serde_json::Value| -> HashMap<String, String> {
+        list(value, "attributes")
+            .iter()
+            .map(|kv| {
+                let value = &kv["value"];
+                let text = ["stringValue", "intValue", "boolValue", "doubleValue"]
+                    .iter()
+                    .find_map(|kind| value.get(kind))
+                    .map(|value| match value {
+                        serde_json::Value::String(text) => text.clone(),
+                        other => other.to_string(),
+                    })
+                    .unwrap_or_else(|| value.to_string());
+                (string(&kv["key"]), text)
+            })
+            .collect()
+    };
+    let mut all = Vec::new();
+    for resource_spans in list(request, "resourceSpans") {
+        let service = json_attributes(&resource_spans["resource"])
+            .get("service.name")
+            .cloned()
+            .unwrap_or_default();
+        for scope in list(&resource_spans, "scopeSpans") {
+            for span in list(&scope, "spans") {
+                all.push(Span {
+                    name: string(&span["name"]),
+                    kind: span["kind"].as_i64().unwrap_or_default() as i32,
+                    trace_id: string(&span["traceId"]),
+                    span_id: string(&span["spanId"]),
+                    parent_span_id: string(&span["parentSpanId"]),
+                    attributes: json_attributes(&span),
+                    links: list(&span, "links")
+                        .iter()
+                        .map(|link| (string(&link["traceId"]), string(&link["spanId"])))
+                        .collect(),
+                    status: span["status"]["code"].as_i64().unwrap_or_default() as i32,
                     service: service.clone(),
                 });
             }
