@@ -41,8 +41,9 @@ pub struct InFlight {
     sent: Option<Sent>,
     /// The events claimed past their expires_at, to mark expired.
     expired: Vec<Event>,
-    /// The batch's spans, when the run exports traces.
-    trace: Option<BatchTrace>,
+    /// The batch's spans, when the run exports traces (boxed: a batch
+    /// without them stays small).
+    trace: Option<Box<BatchTrace>>,
 }
 
 impl InFlight {
@@ -79,7 +80,9 @@ impl InFlight {
     }
 }
 
-/// What `open` left.
+/// What `open` left. One per batch, moved at once into the drain's flight:
+/// boxing the large variant would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Opened {
     InFlight(InFlight),
     /// Nothing to settle: the transaction is already over.
@@ -169,7 +172,7 @@ fn claim_and_send(
     // context in the messages' traceparent.
     let trace = claim
         .traces
-        .map(|(traces, began)| traces.publishing(began, &mut events));
+        .map(|(traces, began)| Box::new(traces.publishing(began, &mut events)));
     let sent = match events.is_empty() {
         true => None,
         false => Some(broker.send(&events, relay.ordered)?),
@@ -207,7 +210,7 @@ pub fn settle(
     let expired: Vec<i64> = expired.iter().map(|event| event.id).collect();
     let committed = mark_and_commit(session, &outcome, &expired);
     if let (Some(traces), Some(trace)) = (traces, trace) {
-        traces.settled(trace, &events, &outcome, expired.len(), committed.is_ok());
+        traces.settled(*trace, &events, &outcome, expired.len(), committed.is_ok());
     }
     match committed {
         Ok(()) => {}
