@@ -12,6 +12,7 @@
 //! is told once on stderr, and the run goes on: traces are never worth
 //! failing a relay for.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +22,7 @@ use opentelemetry::trace::{
     Link, Span as _, SpanBuilder, SpanContext, SpanId, SpanKind, Status, TraceContextExt,
     TraceFlags, TraceId, TraceState, TracerProvider as _,
 };
-use opentelemetry::{Context, Key, KeyValue};
+use opentelemetry::{Context, Key, KeyValue, StringValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -56,7 +57,10 @@ pub struct Traces {
     /// What every batch and publish span says of where it happened.
     database: String,
     table: String,
-    exchange: String,
+    exchange: StringValue,
+    /// The publish spans' name for the run's exchange, made once: a span per
+    /// event must not cost an allocation it can do without.
+    publish_name: &'static str,
 }
 
 /// A batch's span and the spans of the events it handed to the broker, in
@@ -118,7 +122,9 @@ impl Traces {
             bound: bound(),
             database: plan::label(&database.conninfo),
             table: database.table.to_string(),
-            exchange: relay.broker.exchange.clone(),
+            exchange: StringValue::from(Arc::<str>::from(relay.broker.exchange.as_str())),
+            // One string per run, which lives as long as the process.
+            publish_name: Box::leak(format!("publish {}", relay.broker.exchange).into_boxed_str()),
         })
     }
 
@@ -149,7 +155,11 @@ impl Traces {
                     Some(Some(context)) => vec![Link::with_context(context.clone())],
                     _ => Vec::new(),
                 };
-                let span = SpanBuilder::from_name(format!("publish {}", self.destination(event)))
+                let name: Cow<'static, str> = match &event.exchange {
+                    Some(exchange) => Cow::Owned(format!("publish {exchange}")),
+                    None => Cow::Borrowed(self.publish_name),
+                };
+                let span = SpanBuilder::from_name(name)
                     .with_kind(SpanKind::Producer)
                     .with_start_time(now)
                     .with_links(links)
@@ -255,8 +265,11 @@ impl Traces {
     }
 
     /// The exchange an event is published to: its own, or the run's.
-    fn destination<'e>(&'e self, event: &'e Event) -> &'e str {
-        event.exchange.as_deref().unwrap_or(&self.exchange)
+    fn destination(&self, event: &Event) -> StringValue {
+        match &event.exchange {
+            Some(exchange) => StringValue::from(exchange.clone()),
+            None => self.exchange.clone(),
+        }
     }
 
     /// The messaging semantic conventions' attributes of a publish, and the
@@ -267,18 +280,12 @@ impl Traces {
         let mut attributes = vec![
             KeyValue::new("messaging.system", "rabbitmq"),
             KeyValue::new("messaging.operation.type", "publish"),
-            KeyValue::new("messaging.operation.name", "publish"),
-            KeyValue::new(
-                "messaging.destination.name",
-                self.destination(event).to_string(),
-            ),
+            KeyValue::new("messaging.destination.name", self.destination(event)),
             KeyValue::new(
                 "messaging.rabbitmq.destination.routing_key",
                 routing_key.to_string(),
             ),
             KeyValue::new("messaging.message.id", event.event_id.clone()),
-            KeyValue::new("messaging.message.body.size", event.payload.len() as i64),
-            KeyValue::new("outbox_poll.event_type", event.event_type.clone()),
         ];
         if let Some(created) = event.created_at.filter(|seconds| seconds.is_finite()) {
             let wait = (now.as_secs_f64() - created) * 1000.0;
