@@ -163,9 +163,9 @@ fn spans_go_as_json_with_the_headers_and_service_name_the_variables_give() {
     assert_eq!(publish.attribute("messaging.message.id"), "e-1");
 }
 
-/// A run of `count` events exporting to `endpoint`: it must publish all,
-/// exit 0, take at most the bound more than a run that exports nothing, and
-/// say so in one warning line at most.
+/// A run of five events exporting to `endpoint`, a collector that is not
+/// there: it must publish all, exit 0, take at most the bound more than a
+/// run that exports nothing, and say so in exactly one warning line.
 fn assert_costs_at_most_the_bound(fx: &mut Fixture, endpoint: &str) {
     fx.insert("e", 5);
     let started = Instant::now();
