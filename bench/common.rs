@@ -109,6 +109,9 @@ pub struct Fixture {
     pub connection: Connection,
     pub channel: Channel,
     pub settings: Settings,
+    /// Variables every run of the binary gets (bench/traces.rs sets the
+    /// OTLP endpoint this way).
+    pub env: Vec<(String, String)>,
 }
 
 /// One measured figure.
@@ -319,6 +322,7 @@ impl Fixture {
             connection,
             channel,
             settings,
+            env: Vec::new(),
         };
         let status = fixture
             .command()
@@ -357,11 +361,13 @@ impl Fixture {
         for (name, _) in std::env::vars() {
             if name.starts_with("PG")
                 || name.starts_with("OUTBOX_")
+                || name.starts_with("OTEL_")
                 || ["DATABASE_URL", "AMQP_URL", "RUST_LOG"].contains(&name.as_str())
             {
                 command.env_remove(name);
             }
         }
+        command.envs(self.env.iter().map(|(name, value)| (name, value)));
         command
             .env("DATABASE_URL", &self.settings.database_url)
             .env("AMQP_URL", &self.settings.amqp_url)

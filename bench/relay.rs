@@ -29,14 +29,17 @@
 //! BENCH_TRIGGER_SECONDS (5), BENCH_BEFORE_BIN (a build the `ordered`
 //! section compares this one with), BENCH_ORDERED_EVENTS (20000),
 //! BENCH_FEW_KEYS_EVENTS (20000: the 10-key by_key run), BENCH_INSERT_ROWS
-//! (20000), the settings of bench/scale.rs, and BENCH_ONLY (a
+//! (20000), BENCH_TRACES_EVENTS (50000) and BENCH_TRACES_ROUNDS (2) (bench/traces.rs),
+//! the settings of bench/scale.rs, and BENCH_ONLY (a
 //! comma-separated subset of: limits,shapes,drain,delete,naive,scaling,
 //! memory,large,empty,connect,latency,trigger,ordered,by_key,inserts,
 //! payloads,many_empty,many_databases,fairness,many_throughput (`many`: these
-//! four, bench/many.rs),size,partitions; without it, all but size and
+//! four, bench/many.rs),traces,size,partitions; without it, all but size and
 //! partitions, which fill millions of rows). The ordered modes' sections are in bench/ordering.rs;
 //! `connect` (bench/connect.rs) times the empty run with sslmode=prefer
-//! (TLS) against sslmode=disable, BENCH_EMPTY_RUNS of each.
+//! (TLS) against sslmode=disable, BENCH_EMPTY_RUNS of each; `traces`
+//! (bench/traces.rs) the drain and the empty run without an OTLP endpoint
+//! and exporting to a local collector.
 
 mod common;
 mod connect;
@@ -46,6 +49,7 @@ mod memory;
 mod ordering;
 mod payloads;
 mod scale;
+mod traces;
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -631,6 +635,9 @@ fn main() {
     }
     if wants(&fx, "connect") {
         results.block(connect::empty_runs(&mut fx));
+    }
+    if wants(&fx, "traces") {
+        results.block(traces::compare(&mut fx));
     }
     if wants(&fx, "latency") {
         results.block(latency::latency(&mut fx));

@@ -40,4 +40,5 @@ mod progress;
 mod readme;
 mod refusals;
 mod soak;
+mod traces;
 mod wait;

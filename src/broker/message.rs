@@ -6,6 +6,7 @@ use lapin::BasicProperties;
 use lapin::types::ShortString;
 
 use crate::broker::headers::Headers;
+use crate::report::traces::TRACEPARENT;
 use crate::sql::outbox::Event;
 
 /// The header that carries ordering_key, for consumers that shard by key
@@ -125,16 +126,20 @@ pub fn timestamp(event: &Event) -> Option<u64> {
         .map(|seconds| seconds as u64)
 }
 
-/// The headers column's members, and x-ordering-key when the event has a
-/// key (it replaces a member of that name); None when there are neither.
+/// The headers column's members, x-ordering-key when the event has a key
+/// (it replaces a member of that name), and the relay's traceparent when
+/// it has one (only where the column has none); None when there are none.
 fn headers(event: &Event) -> Result<Option<Headers>, String> {
     let mut headers = match &event.headers {
         Some(json) => Headers::from_json(json)?,
-        None if event.ordering_key.is_none() => return Ok(None),
+        None if event.ordering_key.is_none() && event.traceparent.is_none() => return Ok(None),
         None => Headers::default(),
     };
     if let Some(key) = &event.ordering_key {
         headers.insert_string(ORDERING_KEY_HEADER, key);
+    }
+    if let Some(traceparent) = &event.traceparent {
+        headers.insert_string(TRACEPARENT, traceparent);
     }
     Ok(Some(headers))
 }

@@ -3,6 +3,8 @@
 //! confirms, marks and commits. A drain may open the next batch, on a
 //! session of its own, before it settles this one.
 
+use std::time::{Instant, SystemTime};
+
 use anyhow::Result;
 
 use crate::broker::Broker;
@@ -13,6 +15,7 @@ use crate::guard::stop::Stop;
 use crate::relay::session::{Session, Uncommitted};
 use crate::report::dry_run;
 use crate::report::totals::Totals;
+use crate::report::traces::{BatchTrace, Traces};
 use crate::sql::outbox::{Event, Start};
 
 /// Why a batch ended before anything was published.
@@ -38,6 +41,9 @@ pub struct InFlight {
     sent: Option<Sent>,
     /// The events claimed past their expires_at, to mark expired.
     expired: Vec<Event>,
+    /// The batch's spans, when the run exports traces (boxed: a batch
+    /// without them stays small).
+    trace: Option<Box<BatchTrace>>,
 }
 
 impl InFlight {
@@ -74,7 +80,9 @@ impl InFlight {
     }
 }
 
-/// What `open` left.
+/// What `open` left. One per batch, moved at once into the drain's flight:
+/// boxing the large variant would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Opened {
     InFlight(InFlight),
     /// Nothing to settle: the transaction is already over.
@@ -90,6 +98,7 @@ pub enum Opened {
 /// rolled back and the events are claimed again by a later run: a
 /// duplicate at worst, never a loss. The claim starts where `start` says,
 /// and holds about `bytes` of payloads at most.
+#[allow(clippy::too_many_arguments)]
 pub fn open(
     session: &mut Session,
     relay: &Relay,
@@ -98,9 +107,18 @@ pub fn open(
     totals: &mut Totals,
     start: &Start,
     bytes: i64,
+    traces: Option<&Traces>,
 ) -> Result<Opened> {
+    // The clock is read only when there are spans to time.
+    let began = traces.map(|_| (SystemTime::now(), Instant::now()));
     session.begin()?;
-    let opened = claim_and_send(session, relay, broker, stop, totals, start, bytes);
+    let claimed = Claim {
+        relay,
+        start,
+        bytes,
+        traces: traces.zip(began),
+    };
+    let opened = claim_and_send(session, &claimed, broker, stop, totals);
     match &opened {
         Ok(Opened::InFlight(_)) => {}
         Ok(Opened::Ended(Ended::Empty | Ended::LockTaken)) => {
@@ -114,15 +132,23 @@ pub fn open(
     opened
 }
 
+/// What a claim is made of: where it starts, how many payload bytes it
+/// may hold, and the run's traces with when the transaction began.
+struct Claim<'a> {
+    relay: &'a Relay,
+    start: &'a Start,
+    bytes: i64,
+    traces: Option<(&'a Traces, (SystemTime, Instant))>,
+}
+
 fn claim_and_send(
     session: &mut Session,
-    relay: &Relay,
+    claim: &Claim,
     broker: &mut Broker,
     stop: &Stop,
     totals: &mut Totals,
-    start: &Start,
-    bytes: i64,
 ) -> Result<Opened> {
+    let (relay, start, bytes) = (claim.relay, claim.start, claim.bytes);
     if !session.before_claim()? {
         return Ok(Opened::Ended(Ended::LockTaken));
     }
@@ -140,7 +166,13 @@ fn claim_and_send(
     }
     // An event past its expires_at is never published: it is marked with
     // the others, in this transaction.
-    let (expired, events): (Vec<Event>, Vec<Event>) = events.into_iter().partition(Event::expired);
+    let (expired, mut events): (Vec<Event>, Vec<Event>) =
+        events.into_iter().partition(Event::expired);
+    // The publish spans start before the send, which carries their
+    // context in the messages' traceparent.
+    let trace = claim
+        .traces
+        .map(|(traces, began)| Box::new(traces.publishing(began, &mut events)));
     let sent = match events.is_empty() {
         true => None,
         false => Some(broker.send(&events, relay.ordered)?),
@@ -149,6 +181,7 @@ fn claim_and_send(
         events,
         sent,
         expired,
+        trace,
     }))
 }
 
@@ -162,32 +195,33 @@ pub fn settle(
     batch: InFlight,
     broker: &mut Broker,
     totals: &mut Totals,
+    traces: Option<&Traces>,
 ) -> Result<()> {
     let InFlight {
         events,
         sent,
         expired,
+        trace,
     } = batch;
     let outcome = match sent {
         Some(sent) => broker.outcome(sent, &events),
         None => Outcome::default(),
     };
     let expired: Vec<i64> = expired.iter().map(|event| event.id).collect();
-    if let Err(error) = session.mark(&outcome, &expired) {
-        session.roll_back();
-        return Err(error);
+    let committed = mark_and_commit(session, &outcome, &expired);
+    if let (Some(traces), Some(trace)) = (traces, trace) {
+        traces.settled(*trace, &events, &outcome, expired.len(), committed.is_ok());
     }
-    let marked =
-        outcome.confirmed.len() + outcome.failed.len() + outcome.declined.len() + expired.len();
-    match session.commit_marks(marked) {
+    match committed {
         Ok(()) => {}
-        Err(Uncommitted::RolledBack(error)) => {
-            session.roll_back();
-            return Err(error);
-        }
+        Err(Uncommitted::RolledBack(error)) => return Err(error),
         Err(Uncommitted::Unknown(error)) => {
             // Neither published nor failed as far as anyone can tell: the
             // summary and the metrics count these events apart.
+            let marked = outcome.confirmed.len()
+                + outcome.failed.len()
+                + outcome.declined.len()
+                + expired.len();
             totals.claimed += (events.len() + expired.len()) as u64;
             totals.unknown += marked as u64;
             return Err(error);
@@ -215,6 +249,26 @@ pub fn settle(
         Some(outage) => Err(outage),
         None => Ok(()),
     }
+}
+
+/// Marks what the broker said and commits; a transaction that could not
+/// commit is rolled back.
+fn mark_and_commit(
+    session: &mut Session,
+    outcome: &Outcome,
+    expired: &[i64],
+) -> Result<(), Uncommitted> {
+    if let Err(error) = session.mark(outcome, expired) {
+        session.roll_back();
+        return Err(Uncommitted::RolledBack(error));
+    }
+    let marked =
+        outcome.confirmed.len() + outcome.failed.len() + outcome.declined.len() + expired.len();
+    let committed = session.commit_marks(marked);
+    if let Err(Uncommitted::RolledBack(_)) = &committed {
+        session.roll_back();
+    }
+    committed
 }
 
 /// A few lines, not one per event: under cron every line is mailed.

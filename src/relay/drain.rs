@@ -18,6 +18,7 @@ use crate::relay::batch::{self, Ended, InFlight, Opened};
 use crate::relay::session::Session;
 use crate::report::progress::Progress;
 use crate::report::totals::Totals;
+use crate::report::traces::Traces;
 use crate::sql::outbox::{Order, Start};
 
 /// What every batch of a run shares.
@@ -35,6 +36,8 @@ pub struct Drain<'a> {
     /// so that a follow, whose sessions go and come with each burst, tries
     /// and warns only once.
     pub session_limit: usize,
+    /// The run's traces, when it exports them.
+    pub traces: Option<&'a Traces>,
 }
 
 /// The batches in flight, oldest first, each with the index of its session.
@@ -170,7 +173,13 @@ impl Drain<'_> {
                 return Ok(());
             };
             self.arm_for_batches();
-            let settled = batch::settle(&mut sessions.all[index], batch, self.broker, self.totals);
+            let settled = batch::settle(
+                &mut sessions.all[index],
+                batch,
+                self.broker,
+                self.totals,
+                self.traces,
+            );
             self.progress.update(self.totals);
             if let Err(error) = settled {
                 return self.settle_after_failure(sessions.all, flight, error);
@@ -202,6 +211,7 @@ impl Drain<'_> {
             self.totals,
             &start,
             bytes,
+            self.traces,
         )? {
             Opened::InFlight(batch) => {
                 claims.claimed(&start, &batch, relay.batch_size);
@@ -236,7 +246,13 @@ impl Drain<'_> {
         let mut told = vec![format!("{reported:#}")];
         for (index, batch) in flight {
             self.arm_for_batches();
-            let later = batch::settle(&mut sessions[index], batch, self.broker, self.totals);
+            let later = batch::settle(
+                &mut sessions[index],
+                batch,
+                self.broker,
+                self.totals,
+                self.traces,
+            );
             self.progress.update(self.totals);
             let Err(later) = later else { continue };
             let text = format!("{later:#}");

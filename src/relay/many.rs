@@ -380,7 +380,7 @@ impl Turns<'_> {
             self.arm();
             let lane = &mut lanes[at];
             lane.in_flight = false;
-            let settled = batch::settle(&mut session, batch, self.broker, &mut lane.totals);
+            let settled = batch::settle(&mut session, batch, self.broker, &mut lane.totals, None);
             self.pool.put(lane.planned.server, session);
             if let Err(error) = settled {
                 self.fail(lane, error);
@@ -432,6 +432,7 @@ impl Turns<'_> {
                 &mut lane.totals,
                 &start,
                 room,
+                None,
             );
             match opened {
                 // Only a plain claim can pass over rows (those behind where

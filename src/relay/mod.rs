@@ -31,6 +31,7 @@ use crate::report::metrics::{self, Backlog};
 use crate::report::progress::Progress;
 use crate::report::summary;
 use crate::report::totals::Totals;
+use crate::report::traces::Traces;
 
 /// Closing the broker connection is bounded in `Publisher::close`, and
 /// writing the metrics file is local; this only catches one that hangs.
@@ -49,6 +50,7 @@ pub fn run(json: bool, settings: Result<(Database, Relay)>) -> Result<Exit> {
                 let _ = summary::print(totals, started, Exit::Unavailable);
             }
         })?;
+        let traces = Traces::from_env(&database, &relay);
         let mut backlog = None;
         let result = run_batches(
             &database,
@@ -57,10 +59,15 @@ pub fn run(json: bool, settings: Result<(Database, Relay)>) -> Result<Exit> {
             &mut totals,
             &mut backlog,
             started,
+            traces.as_ref(),
         );
         watchdog.arm(CLOSE_BUDGET, "writing the metrics file", totals);
         let result = metrics::after_run(&database, &relay, &totals, backlog, started, result);
         watchdog.disarm();
+        // Bounded on its own (traces::FLUSH_BOUND), and never a failure.
+        if let Some(traces) = traces {
+            traces.finish(Exit::of_result(&result), &totals, started);
+        }
         result
     });
     match json {
@@ -79,6 +86,7 @@ fn run_batches(
     totals: &mut Totals,
     backlog: &mut Option<Backlog>,
     started: Instant,
+    traces: Option<&Traces>,
 ) -> Result<Exit> {
     let stop = Stop::install()?;
     watchdog.arm(
@@ -99,6 +107,7 @@ fn run_batches(
         totals,
         started,
         session_limit: relay.in_flight,
+        traces,
     };
     let result = match relay.follow {
         true => drain.follow(&mut sessions),

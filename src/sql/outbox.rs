@@ -109,6 +109,10 @@ pub struct Event {
     /// Seconds from the claim to expires_at (infinite for `infinity`);
     /// zero or less: expired, never to be published.
     pub expires_in: Option<f64>,
+    /// The relay's publish span as a W3C traceparent, sent as the
+    /// `traceparent` header: set only when traces are exported and the
+    /// headers column has no traceparent of the producer's.
+    pub traceparent: Option<String>,
 }
 
 impl Event {
@@ -500,6 +504,7 @@ impl Outbox {
             correlation_id,
             priority,
             expires_in,
+            traceparent: None,
         })
     }
 

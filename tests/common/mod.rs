@@ -7,6 +7,7 @@
 
 pub mod broker_user;
 pub mod certs;
+pub mod collector;
 pub mod fake_postgres;
 pub mod private_postgres;
 pub mod private_rabbit;
@@ -410,6 +411,7 @@ impl Fixture {
         for (name, _) in std::env::vars() {
             if name.starts_with("PG")
                 || name.starts_with("OUTBOX_")
+                || name.starts_with("OTEL_")
                 || [
                     "DATABASE_URL",
                     "DATABASE_URL_FILE",
