@@ -19,7 +19,7 @@
 //! transacted publish does leave: the broker's message counters, and, with
 //! the firehose tracer on, a trace message; neither is a delivery.)
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
@@ -27,7 +27,7 @@ use tokio::runtime::Runtime;
 use tokio::time::{Instant, timeout};
 
 use crate::broker::alarm::{Alarm, Cutoff};
-use crate::broker::publisher::{BrokerConfig, CLOSE_TIMEOUT, missing_exchange_error};
+use crate::broker::publisher::{BrokerConfig, CLOSE_TIMEOUT, amqp_runtime, missing_exchange_error};
 use crate::connect::amqp::{connect_first, refusal, reply_code};
 use crate::connect::amqp_url::describe_broker;
 use crate::exit::{self, classify};
@@ -47,12 +47,7 @@ const NOT_FOUND: u16 = 404;
 /// passes goes to `passed`, and the first that fails ends them with its
 /// error.
 pub fn run(config: &BrokerConfig, passed: &mut Vec<String>) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("amqp")
-        .enable_all()
-        .build()
-        .context("starting the AMQP runtime")?;
+    let runtime = amqp_runtime()?;
     let checked = runtime.block_on(probe(config, passed, &runtime));
     // Dropping the runtime would wait for its tasks, and a task may still
     // be stuck on a dead socket.

@@ -97,6 +97,17 @@ enum Verdict {
     Outage,
 }
 
+/// The runtime lapin runs on: one worker thread of its own, so that the
+/// broker's frames are read while the relay waits on PostgreSQL.
+pub fn amqp_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("amqp")
+        .enable_all()
+        .build()
+        .context("starting the AMQP runtime")
+}
+
 /// The verdict on a round's error: `refusal` is what the broker's reply
 /// code says (None when the error is not the broker's word at all: a
 /// socket, a channel already closed), `connected` whether the connection
@@ -154,12 +165,7 @@ impl Publisher {
     /// lapin has no connect timeout of its own. A signal ends the wait at
     /// once (`stop`).
     pub fn connect(config: &BrokerConfig, stop: &Stop) -> Result<Self> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("amqp")
-            .enable_all()
-            .build()
-            .context("starting the AMQP runtime")?;
+        let runtime = amqp_runtime()?;
         let (connection, broker, channel) = runtime.block_on(async {
             let (connection, index) =
                 connect_first(&config.nodes, config.connect_timeout, stop).await?;
