@@ -19,6 +19,7 @@ mod errors;
 mod faults;
 mod follow;
 mod generated;
+mod layers;
 mod many;
 mod memory;
 mod message_columns;

@@ -19,6 +19,9 @@
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use serde_json::{Number, Value};
 
+/// The W3C trace context header, in the headers column and on the wire.
+pub const TRACEPARENT: &str = "traceparent";
+
 /// A header table and the bytes it takes on the wire (its length prefix
 /// included), to check against the broker's frame size before sending.
 pub struct Headers {

@@ -6,7 +6,7 @@ use lapin::BasicProperties;
 use lapin::types::ShortString;
 
 use crate::broker::headers::Headers;
-use crate::report::traces::TRACEPARENT;
+use crate::broker::headers::TRACEPARENT;
 use crate::sql::outbox::Event;
 
 /// The header that carries ordering_key, for consumers that shard by key

@@ -7,7 +7,7 @@ use postgres::Transaction;
 
 use crate::cli::MigrateArgs;
 use crate::config::Database;
-use crate::connect::database::{classify, classify_on_table};
+use crate::connect::pg_error::classify;
 use crate::exit::{self, Exit};
 use crate::report::stdout;
 use crate::sql::adopt;
@@ -15,6 +15,7 @@ use crate::sql::columns::Catalog;
 use crate::sql::migrations::{self, MIGRATIONS};
 use crate::sql::names;
 use crate::sql::table::TableName;
+use crate::sql::table::classify_on_table;
 
 pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
     let mut client = super::connect(database)?;

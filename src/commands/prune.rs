@@ -44,6 +44,7 @@ use crate::archive::writer::Writer;
 use crate::cli::PruneArgs;
 use crate::config::Database;
 use crate::connect::database;
+use crate::connect::pg_error;
 use crate::exit::Exit;
 use crate::guard::watchdog::{self, Watchdog};
 use crate::report::stderr;
@@ -104,7 +105,7 @@ pub fn run(
     client
         .batch_execute(&format!("SET statement_timeout = '{BATCH_TIMEOUT}'"))
         .map_err(|error| {
-            database::classify(&error, "setting the statement timeout", "try again")
+            pg_error::classify(&error, "setting the statement timeout", "try again")
         })?;
     columns::check_mapping(&mut client, &database.table, "pruning")?;
     let to_stderr = archive.as_ref().is_some_and(|writer| writer.is_stdout());
@@ -148,7 +149,7 @@ fn archive_payload(client: &mut Client, table: &TableName) -> Result<Payload> {
     let payload = columns::of_table(client, table, what)?.payload(what, table)?;
     client
         .batch_execute("SET TIME ZONE 'UTC'")
-        .map_err(|error| database::classify(&error, "setting the time zone", "try again"))?;
+        .map_err(|error| pg_error::classify(&error, "setting the time zone", "try again"))?;
     Ok(payload)
 }
 
@@ -405,7 +406,7 @@ fn delete(
             None => prune::delete_batch(client, &statement, table, age, size)? as i64,
             Some(archive) => {
                 let mut transaction = client.transaction().map_err(|error| {
-                    database::classify_on_table(&error, "starting a prune batch", table)
+                    crate::sql::table::classify_on_table(&error, "starting a prune batch", table)
                 })?;
                 let lines =
                     prune::delete_archived_batch(&mut transaction, &statement, table, age, size)?;
@@ -417,7 +418,7 @@ fn delete(
                 // The rows are on disk: their deletion may commit. Its
                 // outcome unknown, they may be archived again next time.
                 transaction.commit().map_err(|error| {
-                    database::classify_on_table(
+                    crate::sql::table::classify_on_table(
                         &error,
                         "committing a prune batch (its rows are archived; a row the commit \
                          did not delete is archived again by the next prune)",

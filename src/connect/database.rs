@@ -1,19 +1,16 @@
-//! The PostgreSQL session: connecting with every phase bounded, and turning
-//! the driver's errors into one readable line of the right kind.
+//! The PostgreSQL session: connecting with every phase bounded (its errors
+//! are told by `pg_error.rs`).
 
-use std::error::Error as _;
 use std::time::Duration;
 
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use postgres::Client;
-use postgres::error::SqlState;
 
 use crate::connect::conninfo::{ConnInfo, RootCert, ServerCheck, TargetSessionAttrs};
 use crate::connect::hosts;
 use crate::connect::tls::{self, Identity, Trust};
-use crate::exit::{self, classify};
+use crate::exit;
 use crate::guard::stop::Stop;
-use crate::sql::table::TableName;
 
 /// How long one statement may run. The claim and the marks touch at most one
 /// batch of rows by primary key, so anything slower is a sick server, and
@@ -108,72 +105,4 @@ fn tls_settings(info: &ConnInfo) -> tls::Settings {
         sni: true,
         p256_first: true,
     }
-}
-
-/// What to do about a server that takes no writes.
-pub const READ_ONLY_ADVICE: &str = "the server is a read-only standby (or the session is \
-    read-only): point DATABASE_URL at the primary, or list every host with \
-    target_session_attrs=read-write so that the run picks the writable one";
-
-/// Wraps a driver error as an outage or a configuration problem, with
-/// `what` failed and what to do about it.
-pub fn classify(error: &postgres::Error, what: &str, advice: &str) -> anyhow::Error {
-    let message = anyhow!("{what}: {}; {advice}", describe(error));
-    if is_config_problem(error) {
-        exit::config(message)
-    } else {
-        exit::outage(message)
-    }
-}
-
-/// Wraps an error from a statement on the outbox table: a missing table or
-/// column is named, with the command that fixes it.
-pub fn classify_on_table(error: &postgres::Error, what: &str, table: &TableName) -> anyhow::Error {
-    let advice = match error.code() {
-        Some(&SqlState::UNDEFINED_TABLE) | Some(&SqlState::UNDEFINED_COLUMN) => {
-            format!("run `outbox-poll migrate --table {table}` to create or upgrade the table")
-        }
-        Some(&SqlState::INVALID_SCHEMA_NAME) => {
-            "create the schema first (CREATE SCHEMA ...), or name another table".into()
-        }
-        Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-            "grant this role the privileges the README's least-privilege section lists".into()
-        }
-        Some(code) if classify::postgres(code.code()) == classify::Cause::Standby => {
-            format!("{READ_ONLY_ADVICE}; nothing was marked")
-        }
-        _ if is_config_problem(error) => "check the table's definition against the README".into(),
-        _ => {
-            "the run changed nothing that was not committed; try again once PostgreSQL is reachable"
-                .into()
-        }
-    };
-    classify(error, &format!("{what} on table {table}"), &advice)
-}
-
-/// Errors a rerun cannot fix (see `exit::classify`); an error with no
-/// SQLSTATE (I/O, a closed connection) is an outage.
-fn is_config_problem(error: &postgres::Error) -> bool {
-    error
-        .code()
-        .is_some_and(|code| classify::postgres(code.code()) == classify::Cause::Config)
-}
-
-/// One line: the server's own message for database errors, else the
-/// driver's text with its causes.
-pub fn describe(error: &postgres::Error) -> String {
-    if let Some(db) = error.as_db_error() {
-        return match db.hint() {
-            Some(hint) => format!("{} ({hint})", db.message()),
-            None => db.message().to_string(),
-        };
-    }
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

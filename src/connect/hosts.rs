@@ -36,7 +36,7 @@ use postgres::config::SslMode as DriverSslMode;
 use rustls::ClientConfig;
 
 use crate::connect::conninfo::{ConnInfo, Host, SslMode, Target, TargetSessionAttrs};
-use crate::connect::database::{classify, describe};
+use crate::connect::pg_error::{classify, describe};
 use crate::connect::postgres_tls::{Handshake, Rustls};
 use crate::connect::wait::{self, Waited};
 use crate::exit::{self, classify as causes};

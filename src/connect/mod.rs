@@ -12,6 +12,7 @@ pub mod conninfo;
 pub mod database;
 pub mod hosts;
 pub mod libpq;
+pub mod pg_error;
 pub mod postgres_tls;
 pub mod redact;
 pub mod secrets;

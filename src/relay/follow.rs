@@ -26,7 +26,8 @@ use anyhow::{Result, anyhow};
 use postgres::Client;
 use postgres::fallible_iterator::FallibleIterator;
 
-use crate::connect::database::{STATEMENT_TIMEOUT, classify};
+use crate::connect::database::STATEMENT_TIMEOUT;
+use crate::connect::pg_error::classify;
 use crate::exit;
 use crate::guard::watchdog::MARGIN;
 use crate::relay::CLOSE_BUDGET;

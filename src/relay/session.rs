@@ -29,6 +29,7 @@ use crate::broker::round::NACKED;
 use crate::config::{Database, Relay};
 use crate::connect::conninfo::ConnInfo;
 use crate::connect::database;
+use crate::connect::pg_error;
 use crate::guard::stop::Stop;
 use crate::sql::outbox::{Event, Outbox, Start};
 
@@ -117,14 +118,14 @@ impl Session {
         };
         let what = "committing the batch";
         if marked > 0 && error.as_db_error().is_none() {
-            Err(Uncommitted::Unknown(database::classify(
+            Err(Uncommitted::Unknown(pg_error::classify(
                 &error,
                 what,
                 "the commit's outcome is unknown: the batch's events may be marked or not; \
                  if not, the next run sends them again",
             )))
         } else {
-            Err(Uncommitted::RolledBack(database::classify(
+            Err(Uncommitted::RolledBack(pg_error::classify(
                 &error,
                 what,
                 "nothing was marked; the events will be claimed and sent again by the next run",
@@ -135,7 +136,7 @@ impl Session {
     fn control(&mut self, sql: &str, what: &str, advice: &str) -> Result<()> {
         self.client
             .batch_execute(sql)
-            .map_err(|error| database::classify(&error, what, advice))
+            .map_err(|error| pg_error::classify(&error, what, advice))
     }
 
     /// Whatever the reason we give up on a transaction, its row locks must

@@ -28,6 +28,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span, SpanData, SpanExporter};
 
+use crate::broker::headers::TRACEPARENT;
 use crate::broker::publisher::Outcome;
 use crate::config::{Database, Relay};
 use crate::exit::Exit;
@@ -40,9 +41,6 @@ use crate::sql::outbox::Event;
 /// spans; `OTEL_EXPORTER_OTLP_TIMEOUT` shortens it. An unreachable
 /// collector delays the exit by this much at most, and never fails it.
 pub const FLUSH_BOUND: Duration = Duration::from_secs(2);
-
-/// The W3C trace context header, in the headers column and on the wire.
-pub const TRACEPARENT: &str = "traceparent";
 
 const SERVICE_NAME: &str = "outbox-poll";
 

@@ -7,7 +7,7 @@ use anyhow::{Result, anyhow};
 use postgres::Client;
 
 use crate::cli::OnPublish;
-use crate::connect::database::classify;
+use crate::connect::pg_error::classify;
 use crate::sql::columns::Shape;
 use crate::sql::outbox::Order;
 use crate::sql::table::{TableName, quote};

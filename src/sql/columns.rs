@@ -8,11 +8,11 @@
 use anyhow::{Result, anyhow};
 use postgres::Client;
 
-use crate::connect::database::classify_on_table;
 use crate::exit;
 use crate::sql::names::{self, Names};
 use crate::sql::partitions;
 use crate::sql::table::TableName;
+use crate::sql::table::classify_on_table;
 
 /// The optional columns a table has.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -5,11 +5,11 @@
 use anyhow::Result;
 use postgres::Client;
 
-use crate::connect::database::classify_on_table;
 use crate::sql::columns;
 use crate::sql::names;
 use crate::sql::outbox::{HORIZON, SEE_SESSIONS_SQL};
 use crate::sql::table::TableName;
+use crate::sql::table::classify_on_table;
 
 /// The backlog of one table (or of one event type in it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

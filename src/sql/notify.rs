@@ -5,7 +5,7 @@
 use anyhow::Result;
 use postgres::Client;
 
-use crate::connect::database::classify_on_table;
+use crate::sql::table::classify_on_table;
 use crate::sql::table::{TableName, quote};
 
 /// The channel as the trigger function names it ('outbox_poll_' || TG_RELID),

@@ -22,11 +22,12 @@ use postgres::types::ToSql;
 use postgres::{Client, Statement};
 
 use crate::cli::OnPublish;
-use crate::connect::database::{classify_on_table, describe};
+use crate::connect::pg_error::describe;
 use crate::exit;
 use crate::sql::columns::{self, Columns, Payload};
 use crate::sql::names;
 use crate::sql::table::TableName;
+use crate::sql::table::classify_on_table;
 
 /// Backoff after a failed attempt: `BACKOFF_BASE * 2^attempts`, capped at
 /// BACKOFF_CAP, then scaled by a random factor in [0.5, 1) ("equal jitter")

@@ -19,9 +19,9 @@ use postgres::Client;
 use postgres::error::SqlState;
 use postgres::fallible_iterator::FallibleIterator;
 
-use crate::connect::database::classify_on_table;
 use crate::sql::names;
 use crate::sql::table::TableName;
+use crate::sql::table::classify_on_table;
 
 /// Whether the relation `t.oid` is partitioned by range on a timestamptz
 /// `created_at` alone: then a created_at range names the partitions a

@@ -9,11 +9,12 @@ use anyhow::{Result, anyhow};
 use postgres::error::SqlState;
 use postgres::{Client, Statement};
 
-use crate::connect::database::{classify_on_table, describe};
+use crate::connect::pg_error::describe;
 use crate::exit;
 use crate::sql::columns::Payload;
 use crate::sql::names;
 use crate::sql::table::TableName;
+use crate::sql::table::classify_on_table;
 
 /// Which rows a pass deletes.
 #[derive(Clone, Copy)]

@@ -5,9 +5,9 @@
 use anyhow::Result;
 use postgres::Client;
 
-use crate::connect::database::classify_on_table;
 use crate::sql::names;
 use crate::sql::table::TableName;
+use crate::sql::table::classify_on_table;
 
 const RESET: &str = "attempts = 0, last_error = NULL, available_at = now()";
 

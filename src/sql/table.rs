@@ -3,6 +3,11 @@
 
 use std::fmt;
 
+use postgres::error::SqlState;
+
+use crate::connect::pg_error::{READ_ONLY_ADVICE, classify, is_config_problem};
+use crate::exit::classify as causes;
+
 /// PostgreSQL truncates longer identifiers (NAMEDATALEN - 1); we refuse them
 /// instead, so the name we quote is the name the server uses.
 const MAX_IDENTIFIER_BYTES: usize = 63;
@@ -138,6 +143,31 @@ fn check_length(part: &str) -> Result<(), String> {
     } else {
         Ok(())
     }
+}
+
+/// Wraps an error from a statement on the outbox table: a missing table or
+/// column is named, with the command that fixes it.
+pub fn classify_on_table(error: &postgres::Error, what: &str, table: &TableName) -> anyhow::Error {
+    let advice = match error.code() {
+        Some(&SqlState::UNDEFINED_TABLE) | Some(&SqlState::UNDEFINED_COLUMN) => {
+            format!("run `outbox-poll migrate --table {table}` to create or upgrade the table")
+        }
+        Some(&SqlState::INVALID_SCHEMA_NAME) => {
+            "create the schema first (CREATE SCHEMA ...), or name another table".into()
+        }
+        Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            "grant this role the privileges the README's least-privilege section lists".into()
+        }
+        Some(code) if causes::postgres(code.code()) == causes::Cause::Standby => {
+            format!("{READ_ONLY_ADVICE}; nothing was marked")
+        }
+        _ if is_config_problem(error) => "check the table's definition against the README".into(),
+        _ => {
+            "the run changed nothing that was not committed; try again once PostgreSQL is reachable"
+                .into()
+        }
+    };
+    classify(error, &format!("{what} on table {table}"), &advice)
 }
 
 #[cfg(test)]

@@ -14,10 +14,10 @@
 use anyhow::Result;
 use postgres::Client;
 
-use crate::connect::database::classify_on_table;
 use crate::sql::columns;
 use crate::sql::names;
 use crate::sql::table::TableName;
+use crate::sql::table::classify_on_table;
 
 /// The events the wait is for.
 pub struct Horizon {
