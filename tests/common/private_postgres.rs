@@ -40,21 +40,7 @@ impl PrivatePostgres {
         };
         give_to_postgres(cluster.dir.path());
         let primary = cluster.data("primary");
-        cluster.run(
-            "initdb",
-            &[
-                "-D",
-                &primary,
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-                "-E",
-                "UTF8",
-                "--locale=C",
-            ],
-        );
+        cluster.initdb(&primary);
         cluster.configure(&primary, cluster.primary_port);
         std::fs::OpenOptions::new()
             .append(true)
@@ -103,21 +89,7 @@ impl PrivatePostgres {
         };
         give_to_postgres(server.dir.path());
         let primary = server.data("primary");
-        server.run(
-            "initdb",
-            &[
-                "-D",
-                &primary,
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-                "-E",
-                "UTF8",
-                "--locale=C",
-            ],
-        );
+        server.initdb(&primary);
         server.configure(&primary, server.primary_port);
         for (from, to) in [
             (ca.server_cert(), "server.crt"),
@@ -170,6 +142,25 @@ impl PrivatePostgres {
 
     fn data(&self, name: &str) -> String {
         self.dir.path().join(name).display().to_string()
+    }
+
+    /// A new data directory: trust authentication, user postgres, UTF-8.
+    fn initdb(&self, data: &str) {
+        self.run(
+            "initdb",
+            &[
+                "-D",
+                data,
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ],
+        );
     }
 
     /// Listens on loopback only, keeps the socket in the scratch directory
