@@ -56,7 +56,7 @@ pub fn parse() -> Cli {
             .exit();
     }
     url_sources(&mut command, &matches);
-    poll_options_before_check(&mut command, &matches);
+    poll_options_before_a_subcommand(&mut command, &matches);
     Cli::from_arg_matches(&matches)
         .and_then(Cli::checked)
         .unwrap_or_else(|error| error.exit())
@@ -80,24 +80,42 @@ fn url_sources(command: &mut Command, matches: &ArgMatches) {
     }
 }
 
-/// `check` reads the poll's options given after its name (or by their
-/// variables): one given before it is refused (exit 2) rather than
-/// silently left out of what is checked.
-fn poll_options_before_check(command: &mut Command, matches: &ArgMatches) {
-    if matches.subcommand_name() != Some("check") {
+/// A poll's own options (those not global) given before a subcommand's
+/// name: `check` reads them after its name, `replay` reads the broker's
+/// four, and the others read none. One given where it is not read is
+/// refused (exit 2) rather than silently left out.
+fn poll_options_before_a_subcommand(command: &mut Command, matches: &ArgMatches) {
+    let Some(name) = matches.subcommand_name().map(str::to_owned) else {
         return;
-    }
+    };
+    let read: &[&str] = match name.as_str() {
+        "replay" => &[
+            "amqp-url",
+            "exchange",
+            "declare-exchange",
+            "confirm-timeout",
+        ],
+        _ => &[],
+    };
     let before = command.get_arguments().find(|arg| {
         !arg.is_global_set()
+            && arg.get_long().is_some_and(|long| !read.contains(&long))
             && matches.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine)
     });
-    if let Some(flag) = before.and_then(Arg::get_long).map(str::to_owned) {
-        let message = format!(
+    let Some(flag) = before.and_then(Arg::get_long).map(str::to_owned) else {
+        return;
+    };
+    let message = match name.as_str() {
+        "check" => format!(
             "--{flag} is given before `check`, which reads the poll's options after its name: \
              outbox-poll check --{flag} ..."
-        );
-        command.error(ErrorKind::ArgumentConflict, message).exit();
-    }
+        ),
+        _ => format!(
+            "--{flag} is an option of a poll, which `{name}` does not read: leave it out, or \
+             run the poll without `{name}`"
+        ),
+    };
+    command.error(ErrorKind::ArgumentConflict, message).exit();
 }
 
 /// The value of the option `id` when the command line gave it, at the top

@@ -271,3 +271,29 @@ fn a_password_on_the_command_line_warns_once_without_showing_it() {
     let run = fx.run_with(&[("DATABASE_URL", &database)], &["status"]);
     assert_eq!((run.code, run.stderr.as_str()), (0, ""));
 }
+
+#[test]
+fn a_poll_option_given_before_a_subcommand_that_does_not_read_it_is_refused() {
+    let fx = Fixture::new("env_poll_option_before_status");
+    for (flag, subcommand, args) in [
+        (
+            "--batch-size",
+            "status",
+            &["--batch-size", "5", "status"][..],
+        ),
+        (
+            "--exchange",
+            "prune",
+            &["--exchange", "x", "prune", "--older-than", "7d"][..],
+        ),
+        ("--drain", "requeue", &["--drain", "requeue", "--dead"][..]),
+    ] {
+        let run = fx.run(args);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        let said = format!("{flag} is an option of a poll, which `{subcommand}` does not read");
+        assert!(run.stderr.contains(&said), "{args:?}: {}", run.stderr);
+    }
+    // replay reads the broker's options, given before its name too.
+    let run = fx.run(&["--exchange", "x", "replay", "--from", "/nonexistent"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+}
