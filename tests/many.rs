@@ -5,6 +5,7 @@
 //! over the outboxes, and the JSON summary's `outboxes`.
 
 use std::collections::{HashMap, HashSet};
+use std::process::Child;
 use std::time::Duration;
 
 use postgres::{Client, NoTls};
@@ -607,6 +608,162 @@ fn per_tenant_count(url: &str, tenants: &Tenants, name: &str) -> i64 {
     db.query_one(&sql, &[]).unwrap().get(0)
 }
 
+/// Two tenants, `a` in the fixture's database and `b` in a second one,
+/// each table with the notify trigger (`migrate --notify`) when `notify`.
+fn notifying_tenants(fx: &Fixture, second: &OwnDatabase, notify: bool) -> Tenants {
+    let mut tenants = Tenants::of(fx);
+    for (url, name) in [(fx.database_url.clone(), "a"), (second.url(), "b")] {
+        tenants.add(fx, &url, name, 0);
+        if notify {
+            let table = tenants.table(name);
+            let args = ["--table", &table, "migrate", "--notify"];
+            let run = fx.run_with(&[("DATABASE_URL", &url)], &args);
+            assert_eq!(run.code, 0, "migrate --notify {table}: {}", run.stderr);
+        }
+    }
+    tenants
+}
+
+/// A follow over both tenants' databases for `seconds`, tracing the
+/// relay's decisions on stderr.
+fn follow_both(fx: &Fixture, second: &OwnDatabase, tenants: &Tenants, dir: &Scratch) -> Child {
+    let file = dir.write(
+        "databases",
+        &format!("{}\n{}\n", fx.database_url, second.url()),
+    );
+    fx.command()
+        .env("RUST_LOG", "outbox_poll::relay=trace")
+        .args(["--databases", &file.display().to_string()])
+        .args(["--table", &tenants.pattern(), "--follow"])
+        .args(["--max-duration", "60s", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Ends a follow with SIGTERM; its stderr.
+fn end_follow(mut child: Child) -> String {
+    let pid = child.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(killed.unwrap().success());
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(143), "{stderr}");
+    stderr
+}
+
+/// Commits one event at a time in each tenant, 300 ms apart, and waits
+/// until each tenant's `count` are published: a look (once a second where
+/// every table has the trigger) may find one of them first, not all.
+fn produce_one_by_one(fx: &Fixture, second: &OwnDatabase, tenants: &Tenants, count: i64) {
+    let mut a = Client::connect(&fx.database_url, NoTls).unwrap();
+    let mut b = Client::connect(&second.url(), NoTls).unwrap();
+    for n in 1..=count {
+        insert(&mut a, &tenants.table("a"), &format!("a{n}"), 1);
+        insert(&mut b, &tenants.table("b"), &format!("b{n}"), 1);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let published = crate::common::wait_until(Duration::from_secs(10), || {
+        per_tenant_count(&fx.database_url, tenants, "a") == count
+            && per_tenant_count(&second.url(), tenants, "b") == count
+    });
+    assert!(published, "not every event was published");
+}
+
+/// How many times the follow's trace says a commit in `table` woke it.
+fn woken_by(stderr: &str, table: &str) -> usize {
+    stderr
+        .lines()
+        .filter(|line| line.ends_with(&format!("woken by a commit in {table}")))
+        .count()
+}
+
+#[test]
+fn a_follow_over_many_databases_is_woken_by_each_tables_notify_trigger() {
+    let fx = Fixture::bare("many_woken");
+    let second = OwnDatabase::create(&fx, "2nd");
+    let tenants = notifying_tenants(&fx, &second, true);
+    let dir = Scratch::new("many_woken");
+    let child = follow_both(&fx, &second, &tenants, &dir);
+    std::thread::sleep(Duration::from_millis(500));
+    produce_one_by_one(&fx, &second, &tenants, 4);
+    let stderr = end_follow(child);
+    for (database, name) in [(fx.database_url.as_str(), "a"), (&second.url(), "b")] {
+        let table = tenants.table(name);
+        assert!(
+            woken_by(&stderr, &table) >= 2,
+            "no commit in {table} ({database}) woke the follow: {stderr}"
+        );
+    }
+    assert_eq!(
+        stderr
+            .matches("1 of 1 tables woken by their notify trigger")
+            .count(),
+        2,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_follow_over_many_databases_polls_the_tables_without_the_trigger() {
+    let fx = Fixture::bare("many_polled");
+    let second = OwnDatabase::create(&fx, "2nd");
+    let tenants = notifying_tenants(&fx, &second, false);
+    let dir = Scratch::new("many_polled");
+    let child = follow_both(&fx, &second, &tenants, &dir);
+    std::thread::sleep(Duration::from_millis(500));
+    produce_one_by_one(&fx, &second, &tenants, 2);
+    let stderr = end_follow(child);
+    assert_eq!(
+        stderr
+            .matches("0 of 1 tables woken by their notify trigger")
+            .count(),
+        2,
+        "{stderr}"
+    );
+    assert_eq!(woken_by(&stderr, &tenants.table("a")), 0, "{stderr}");
+}
+
+#[test]
+fn a_follow_whose_listening_session_is_lost_goes_on_by_polling_that_database() {
+    let fx = Fixture::bare("many_listener_lost");
+    let second = OwnDatabase::create(&fx, "2nd");
+    let tenants = notifying_tenants(&fx, &second, true);
+    let dir = Scratch::new("many_listener_lost");
+    let child = follow_both(&fx, &second, &tenants, &dir);
+    // The session that LISTENs on tenant b's channel, in the second
+    // database, ended by the server as an administrator would.
+    let mut admin = Client::connect(&second.url(), NoTls).unwrap();
+    let channel = format!(
+        "outbox_poll_{}",
+        admin
+            .query_one(
+                "SELECT $1::text::regclass::oid::text",
+                &[&tenants.table("b")]
+            )
+            .unwrap()
+            .get::<_, String>(0)
+    );
+    let ended = crate::common::wait_until(Duration::from_secs(5), || {
+        let sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                   WHERE datname = current_database() AND query LIKE '%LISTEN %' || $1 || '%'";
+        admin.query_one(sql, &[&channel]).unwrap().get::<_, i64>(0) == 1
+    });
+    assert!(ended, "no session listened on {channel}");
+    std::thread::sleep(Duration::from_millis(500));
+    produce_one_by_one(&fx, &second, &tenants, 2);
+    let stderr = end_follow(child);
+    assert!(
+        stderr.contains("the session watching it was lost: looked at between batches from now on"),
+        "{stderr}"
+    );
+    assert_eq!(woken_by(&stderr, &tenants.table("b")), 0, "{stderr}");
+}
+
 #[test]
 fn ordered_takes_one_lock_per_table_so_a_lock_held_on_one_outbox_holds_back_only_it() {
     let fx = Fixture::bare_isolated("many_ordered");
@@ -634,7 +791,31 @@ fn ordered_takes_one_lock_per_table_so_a_lock_held_on_one_outbox_holds_back_only
 
 #[test]
 fn sessions_over_four_databases_never_exceed_max_connections_at_once() {
-    let fx = Fixture::bare("many_pool");
+    sessions_over_four_databases_stay_within_two("many_pool", &["--drain"]);
+}
+
+#[test]
+fn a_follow_over_four_databases_counts_its_listening_sessions_within_max_connections() {
+    let follow = ["--follow", "--max-duration", "4s"];
+    let seen = sessions_over_four_databases_stay_within_two("many_pool_follow", &follow);
+    // Its last second, quiet: the listener and the pool's session, and no
+    // session closing to make room for another (the slack above).
+    let quiet: Vec<i64> = seen
+        .iter()
+        .filter(|(at, _)| *at >= Duration::from_secs(3))
+        .map(|(_, count)| *count)
+        .collect();
+    assert!(
+        !quiet.is_empty() && quiet.iter().all(|&count| count <= 2),
+        "sessions in the quiet last second: {quiet:?}"
+    );
+}
+
+/// A run in `mode` over four databases with --max-connections 2 drains
+/// them all, never holding more than two sessions at once; the sessions
+/// seen, counted every few milliseconds, with when.
+fn sessions_over_four_databases_stay_within_two(test: &str, mode: &[&str]) -> Vec<(Duration, i64)> {
+    let fx = Fixture::bare(test);
     let others: Vec<OwnDatabase> = ["2nd", "3rd", "4th"]
         .iter()
         .map(|suffix| OwnDatabase::create(&fx, suffix))
@@ -645,47 +826,43 @@ fn sessions_over_four_databases_never_exceed_max_connections_at_once() {
     for (n, url) in urls.iter().enumerate() {
         tenants.add(&fx, url, &format!("t{n}"), 60);
     }
-    let dir = Scratch::new("many_pool");
+    let dir = Scratch::new(test);
     let file = dir.write("databases", &(urls.join("\n") + "\n"));
     let file = file.display().to_string();
     // The run's sessions, told apart by their application_name, counted
     // every few milliseconds for as long as it runs.
     let app = format!("{}_pool", fx.schema);
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = std::time::Instant::now();
     let watcher = {
         let (done, app) = (done.clone(), app.clone());
         std::thread::spawn(move || {
             let mut db = connect_db();
-            let mut most = 0;
+            let mut seen = Vec::new();
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
                 let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
-                most = most.max(db.query_one(sql, &[&app]).unwrap().get::<_, i64>(0));
+                let count: i64 = db.query_one(sql, &[&app]).unwrap().get(0);
+                seen.push((started.elapsed(), count));
                 std::thread::sleep(Duration::from_millis(2));
             }
-            most
+            seen
         })
     };
-    let args = [
-        "--databases",
-        &file,
-        "--table",
-        &tenants.pattern(),
-        "--drain",
-        "--batch-size",
-        "5",
-        "--max-connections",
-        "2",
-        "--json",
-    ];
+    let pattern = tenants.pattern();
+    let mut args = vec!["--databases", &file, "--table", &pattern];
+    args.extend(mode);
+    args.extend(["--batch-size", "5", "--max-connections", "2", "--json"]);
     let run = fx.run_with(&[("PGAPPNAME", &app)], &args);
     done.store(true, std::sync::atomic::Ordering::SeqCst);
-    let most = watcher.join().unwrap();
+    let seen = watcher.join().unwrap();
     assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
     assert_eq!(run.field("published"), 240);
     // A session the run closed to make room for another database's may
     // still be seen on the server for a moment after (its backend exits
     // once it has read the goodbye): one more than the limit, never two.
+    let most = seen.iter().map(|(_, count)| *count).max().unwrap_or(0);
     assert!((1..=3).contains(&most), "{most} sessions at once");
+    seen
 }
 
 #[test]

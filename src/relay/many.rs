@@ -34,15 +34,16 @@ use crate::relay::CLOSE_BUDGET;
 use crate::relay::batch::{self, Ended, InFlight, Opened};
 use crate::relay::drain::{Claims, batch_budget};
 use crate::relay::session::{self, Session};
+use crate::relay::wake::{LOOK_EVERY, Tables, Wake};
 use crate::report::metrics;
 use crate::report::stderr;
 use crate::report::summary;
 use crate::report::totals::Totals;
 use crate::sql::outbox::{Order, Start};
 
-/// How often a follow over many outboxes looks for due events while they
-/// are quiet: one statement per database per DUE_CHUNK tables.
-const LOOK_EVERY: Duration = Duration::from_millis(100);
+/// The longest one wait lasts before the run looks at the signals and
+/// --max-duration again: a signal ends a follow within this.
+const SLICE: Duration = Duration::from_millis(250);
 /// How long after its last batch a follow keeps the broker connection.
 const LINGER: Duration = Duration::from_secs(2);
 
@@ -154,6 +155,25 @@ impl Pool {
         };
         // A session whose preparing failed is gone with its client.
         ready.map(Some).inspect_err(|_| self.open -= 1)
+    }
+
+    /// An idle session of `server`, taken out of the pool (to listen).
+    fn take(&mut self, server: usize) -> Option<Client> {
+        let at = self.idle.iter().position(|(of, _)| *of == server)?;
+        let (_, conn) = self.idle.swap_remove(at);
+        self.open -= 1;
+        Some(match conn {
+            Conn::Fresh(client) => client,
+            Conn::Ready(session) => session.client,
+        })
+    }
+
+    /// Closes idle sessions until at most `limit` are open.
+    fn trim(&mut self) {
+        while self.open > self.limit && !self.idle.is_empty() {
+            self.idle.remove(0);
+            self.open -= 1;
+        }
     }
 
     /// Any session of `server`, for a look at its tables.
@@ -509,11 +529,15 @@ impl Turns<'_> {
     }
 
     /// --follow over many outboxes: rounds of drains, and between them a
-    /// look, every LOOK_EVERY, at which outboxes have due events (on each
-    /// database's idle session, one statement per DUE_CHUNK tables), until
-    /// --max-duration or a signal. Quiet for LINGER, it lets the broker go.
+    /// wait for the tables to serve: those the watchers name (see `wake`),
+    /// and, for the databases no watcher serves, those a look every
+    /// LOOK_EVERY finds on the database's idle session (one statement per
+    /// DUE_CHUNK tables), until --max-duration or a signal. Quiet for
+    /// LINGER, it lets the broker go.
     fn follow(&mut self, lanes: &mut [Lane], mut ring: VecDeque<usize>) -> Result<()> {
+        let mut wake = self.watch(lanes);
         let mut busy_at = Instant::now();
+        let mut looked_at = Instant::now();
         loop {
             let claimed = self.totals.claimed;
             self.drain(lanes, ring);
@@ -523,34 +547,95 @@ impl Turns<'_> {
             if self.halted || !self.within_limits(self.totals.batches) {
                 return Ok(());
             }
-            let end = self.relay.max_duration.map(|max| self.started + max);
-            let mut until = Instant::now() + LOOK_EVERY;
-            if let Some(end) = end {
-                until = until.min(end);
-            }
             if self.broker.is_connected() && Instant::now() >= busy_at + LINGER {
                 self.watchdog
                     .arm(CLOSE_BUDGET, "closing idle connections", *self.totals);
                 self.broker.disconnect();
             }
-            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+            let unwatched = |server: usize| !wake.watches(server);
+            let looks = (0..self.selection.servers.len()).any(unwatched);
+            let mut until = Instant::now() + SLICE;
+            if looks {
+                until = until.min(looked_at + LOOK_EVERY);
+            }
+            if let Some(max) = self.relay.max_duration {
+                until = until.min(self.started + max);
+            }
+            self.watchdog.arm(
+                SLICE + watchdog::MARGIN,
+                "waiting for new events",
+                *self.totals,
+            );
+            let told = wake.wait(until);
             if !self.within_limits(self.totals.batches) {
                 return Ok(());
             }
-            ring = self.look(lanes);
+            ring = VecDeque::new();
+            if looks && Instant::now() >= looked_at + LOOK_EVERY {
+                looked_at = Instant::now();
+                ring = self.look(lanes, |server| !wake.watches(server));
+            }
+            for lane in told {
+                if lanes[lane].error.is_none() && !ring.contains(&lane) {
+                    log::trace!("told to serve {}", lanes[lane].planned.database.table);
+                    ring.push_back(lane);
+                }
+            }
         }
     }
 
-    /// The lanes with due events now, each database asked on an idle
-    /// session of its own (a lane whose database has none is claimed from).
-    fn look(&mut self, lanes: &[Lane]) -> VecDeque<usize> {
+    /// The follow's watchers, one per database while at most half of
+    /// --max-connections watches, each on an idle session the run already
+    /// holds for that database or a new one; the pool keeps the rest.
+    fn watch(&mut self, lanes: &[Lane]) -> Wake {
+        let servers = self.selection.servers.len();
+        let databases: Vec<Tables> = (0..servers)
+            .map(|server| Tables {
+                server,
+                label: self.selection.servers[server].label.clone(),
+                lanes: (0..lanes.len())
+                    .filter(|&at| lanes[at].planned.server == server && lanes[at].error.is_none())
+                    .map(|at| (at, lanes[at].planned.database.table.clone()))
+                    .collect(),
+            })
+            .filter(|database| !database.lanes.is_empty())
+            .collect();
+        let budget = self.selection.connect_budget() + 2 * STATEMENT_TIMEOUT;
+        let budget = budget * u32::try_from(databases.len()).unwrap_or(u32::MAX);
+        self.watchdog.arm(
+            budget + watchdog::MARGIN,
+            "listening for new events",
+            *self.totals,
+        );
+        let (selection, relay, stop) = (self.selection, self.relay, self.stop);
+        let pool = &mut *self.pool;
+        let most = pool.limit / 2;
+        let max_attempts = selection.max_attempts;
+        let wake = Wake::start(databases, servers, most, max_attempts, |server| match pool
+            .take(server)
+        {
+            Some(client) => Ok(client),
+            None => {
+                let info = &selection.servers[server].conninfo;
+                session::connect(info, selection.connect_timeout, relay, stop)
+            }
+        });
+        pool.limit -= wake.sessions();
+        pool.trim();
+        wake
+    }
+
+    /// The lanes with due events now, of the databases `of` selects, each
+    /// database asked on an idle session of its own (a lane whose database
+    /// has none is claimed from).
+    fn look(&mut self, lanes: &[Lane], of: impl Fn(usize) -> bool) -> VecDeque<usize> {
         self.watchdog.arm(
             STATEMENT_TIMEOUT * 4 + watchdog::MARGIN,
             "looking for new events",
             *self.totals,
         );
         let mut ring = VecDeque::new();
-        for server in 0..self.selection.servers.len() {
+        for server in (0..self.selection.servers.len()).filter(|&server| of(server)) {
             let ats: Vec<usize> = (0..lanes.len())
                 .filter(|&at| lanes[at].planned.server == server && lanes[at].error.is_none())
                 .collect();

@@ -7,13 +7,15 @@
 //! `batch` is one transaction (claim and send, then confirms, marks and
 //! commit), `drain` the loop over batches with several in flight,
 //! `follow` the waits between a follow's rounds of batches, `session` a
-//! PostgreSQL session with the relay's statements prepared.
+//! PostgreSQL session with the relay's statements prepared, `wake` the
+//! listeners of a follow over many outboxes.
 
 pub mod batch;
 pub mod drain;
 pub mod follow;
 pub mod many;
 pub mod session;
+pub mod wake;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! (migrations/0004_notify.sql, installed by `migrate --notify`) sends to,
 //! and whether the table has that trigger.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use postgres::Client;
 
 use crate::sql::table::classify_on_table;
@@ -14,6 +14,14 @@ const CHANNEL_SQL: &str = "SELECT 'outbox_poll_' || c.oid::text, \
        EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid \
                AND t.tgname = 'outbox_poll_notify' AND t.tgenabled <> 'D') \
      FROM pg_catalog.pg_class c WHERE c.oid = $1::text::regclass";
+
+/// The channel and the trigger of each of many tables, in their order:
+/// one statement for all of them.
+const CHANNELS_SQL: &str = "SELECT 'outbox_poll_' || c.oid::text, \
+       EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid \
+               AND t.tgname = 'outbox_poll_notify' AND t.tgenabled <> 'D') \
+     FROM unnest($1::text[]) WITH ORDINALITY AS n(name, at) \
+     JOIN pg_catalog.pg_class c ON c.oid = n.name::regclass ORDER BY n.at";
 
 /// Whether producers' inserts announce themselves.
 pub struct Listening {
@@ -37,4 +45,38 @@ pub fn listen(client: &mut Client, table: &TableName) -> Result<Listening> {
     Ok(Listening {
         notified: row.get(1),
     })
+}
+
+/// One of many tables a session listens for.
+pub struct Channel {
+    /// The channel its trigger sends to.
+    pub name: String,
+    /// The table has the enabled notify trigger.
+    pub notified: bool,
+}
+
+/// LISTENs, on this session and outside any transaction, on the channel
+/// of each of `tables` (of one database): two statements, however many
+/// tables. As with `listen`, a table without the trigger is listened for
+/// too: a trigger installed while the run follows starts waking it.
+pub fn listen_all(client: &mut Client, tables: &[TableName]) -> Result<Vec<Channel>> {
+    let names: Vec<String> = tables.iter().map(TableName::quoted).collect();
+    let rows = client
+        .query(CHANNELS_SQL, &[&names])
+        .context("finding the tables' notify channels")?;
+    let channels: Vec<Channel> = rows
+        .iter()
+        .map(|row| Channel {
+            name: row.get(0),
+            notified: row.get(1),
+        })
+        .collect();
+    let listens: Vec<String> = channels
+        .iter()
+        .map(|channel| format!("LISTEN {};", quote(&channel.name)))
+        .collect();
+    client
+        .batch_execute(&listens.concat())
+        .context("listening for new events")?;
+    Ok(channels)
 }
