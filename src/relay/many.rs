@@ -48,11 +48,11 @@ const LINGER: Duration = Duration::from_secs(2);
 
 /// What became of one outbox.
 #[derive(Debug)]
-pub struct Outcome {
-    pub database: String,
-    pub table: String,
-    pub totals: Totals,
-    pub exit: Exit,
+pub(crate) struct Outcome {
+    pub(crate) database: String,
+    pub(crate) table: String,
+    pub(crate) totals: Totals,
+    pub(crate) exit: Exit,
 }
 
 /// One outbox being served.

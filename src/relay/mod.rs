@@ -9,9 +9,9 @@
 //! `follow` the waits between a follow's rounds of batches, `session` a
 //! PostgreSQL session with the relay's statements prepared.
 
-pub mod batch;
-pub mod drain;
-pub mod follow;
+pub(crate) mod batch;
+pub(crate) mod drain;
+pub(crate) mod follow;
 pub mod many;
 pub mod session;
 
