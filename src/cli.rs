@@ -5,9 +5,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
-use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand};
 
+use crate::broker::publisher::ExchangeKind;
 use crate::sql::names::Names;
+// Here too, where the command line is: the bench names it cli::OnPublish.
+pub use crate::sql::outbox::OnPublish;
 
 /// --max-attempts when not given: the tenth failure makes an event dead.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
@@ -437,24 +440,6 @@ fn parse_shard(text: &str) -> Result<Shard, String> {
         ));
     }
     Ok(Shard { index, count })
-}
-
-/// What a batch does with the events the broker confirmed.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnPublish {
-    /// `published_at = now()`: the row stays until `prune` deletes it.
-    Mark,
-    /// The row is deleted in the batch's transaction: the table holds only
-    /// what is still to send (and the dead and backing-off events).
-    Delete,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ExchangeKind {
-    Direct,
-    Fanout,
-    Topic,
-    Headers,
 }
 
 /// `500ms`, `30s`, `5m`, `7d`, as humantime reads them; zero is refused,

@@ -8,14 +8,14 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 
 use crate::broker::publisher::BrokerConfig;
-use crate::cli::{DatabaseArgs, OnPublish, PollArgs};
+use crate::cli::{DatabaseArgs, PollArgs};
 use crate::connect::amqp_url::amqp_nodes;
 use crate::connect::conninfo::{self, Account, ConnInfo, SystemFiles};
 use crate::connect::database::{self, STATEMENT_TIMEOUT};
 use crate::connect::libpq::Env;
 use crate::connect::secrets;
 use crate::exit;
-use crate::sql::outbox::Order;
+use crate::sql::outbox::{OnPublish, Order};
 use crate::sql::table::TableName;
 
 /// AMQP short strings (exchange names among them) hold at most 255 bytes.

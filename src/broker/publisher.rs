@@ -11,6 +11,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use clap::ValueEnum;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
@@ -21,7 +22,6 @@ use crate::broker::alarm::{Alarm, Cutoff};
 use crate::broker::round::{
     Exchanges, Issued, Round, await_round, issue_round, missing_exchange, publish_round,
 };
-use crate::cli::ExchangeKind;
 use crate::connect::amqp::{connect_first, refusal, reply_code};
 use crate::connect::amqp_url::{AmqpNode, describe_broker};
 use crate::connect::wait::{self, Waited};
@@ -32,6 +32,15 @@ use crate::sql::outbox::Event;
 /// Closing politely is a courtesy to the broker's logs, not a correctness
 /// matter: everything is committed by then. Never let it delay the exit.
 pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// --declare-exchange: the kind of exchange to declare.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ExchangeKind {
+    Direct,
+    Fanout,
+    Topic,
+    Headers,
+}
 
 /// Where and how to publish.
 #[derive(Debug, Clone)]

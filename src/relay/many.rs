@@ -37,7 +37,7 @@ use crate::relay::session::{self, Session};
 use crate::report::metrics;
 use crate::report::stderr;
 use crate::report::summary;
-use crate::report::totals::Totals;
+use crate::report::totals::{Outcome, Totals};
 use crate::sql::outbox::{Order, Start};
 
 /// How often a follow over many outboxes looks for due events while they
@@ -45,15 +45,6 @@ use crate::sql::outbox::{Order, Start};
 const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// How long after its last batch a follow keeps the broker connection.
 const LINGER: Duration = Duration::from_secs(2);
-
-/// What became of one outbox.
-#[derive(Debug)]
-pub(crate) struct Outcome {
-    pub(crate) database: String,
-    pub(crate) table: String,
-    pub(crate) totals: Totals,
-    pub(crate) exit: Exit,
-}
 
 /// One outbox being served.
 struct Lane {

@@ -24,9 +24,8 @@ use postgres::Client;
 
 use crate::config::{Database, Relay};
 use crate::exit::{self, Exit};
-use crate::relay::many::Outcome;
 use crate::report::stderr;
-use crate::report::totals::Totals;
+use crate::report::totals::{Outcome, Totals};
 use crate::sql::figures::{self, Figures};
 
 /// What the metrics file tells of the table after the run: the backlog as

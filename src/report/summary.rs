@@ -8,10 +8,9 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::exit::Exit;
-use crate::relay::many::Outcome;
 use crate::report::stderr;
 use crate::report::stdout;
-use crate::report::totals::Totals;
+use crate::report::totals::{Outcome, Totals};
 
 /// Prints the summary of a run that ended with `result`. A summary that
 /// cannot be written is reported the way an unwritable metrics file is:

@@ -1,5 +1,8 @@
 //! The running figures of a poll run: what the JSON summary, the metrics
-//! file, the progress bar and the watchdog report.
+//! file, the progress bar and the watchdog report; and, over many
+//! outboxes, each one's figures and exit code.
+
+use crate::exit::Exit;
 
 /// What a run has done so far; a batch counts once its transaction ended.
 #[derive(Debug, Default, Clone, Copy)]
@@ -26,4 +29,13 @@ impl Totals {
         self.batches += other.batches;
         self.unknown += other.unknown;
     }
+}
+
+/// What became of one outbox of a run over many (`relay::many`).
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) database: String,
+    pub(crate) table: String,
+    pub(crate) totals: Totals,
+    pub(crate) exit: Exit,
 }

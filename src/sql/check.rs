@@ -6,10 +6,9 @@
 use anyhow::{Result, anyhow};
 use postgres::Client;
 
-use crate::cli::OnPublish;
 use crate::connect::pg_error::classify;
 use crate::sql::columns::Shape;
-use crate::sql::outbox::Order;
+use crate::sql::outbox::{OnPublish, Order};
 use crate::sql::table::{TableName, quote};
 
 /// What the session says about itself.

@@ -16,12 +16,12 @@
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
+use clap::ValueEnum;
 use postgres::error::SqlState;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::ToSql;
 use postgres::{Client, Statement};
 
-use crate::cli::OnPublish;
 use crate::connect::pg_error::describe;
 use crate::exit;
 use crate::sql::columns::{self, Columns, Payload};
@@ -51,6 +51,16 @@ pub(crate) const NACK_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The "equal jitter" factor, uniform in [0.5, 1).
 const JITTER_SQL: &str = "(0.5 + random() / 2)";
+
+/// --on-publish: what a batch does with the events the broker confirmed.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnPublish {
+    /// `published_at = now()`: the row stays until `prune` deletes it.
+    Mark,
+    /// The row is deleted in the batch's transaction: the table holds only
+    /// what is still to send (and the dead and backing-off events).
+    Delete,
+}
 
 /// How a run claims its events (see the README's "Ordering").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
