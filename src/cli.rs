@@ -5,9 +5,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
-use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand};
 
+use crate::broker::publisher::ExchangeKind;
 use crate::sql::names::Names;
+// Here too, where the command line is: the bench names it cli::OnPublish.
+pub use crate::sql::outbox::OnPublish;
 
 /// --max-attempts when not given: the tenth failure makes an event dead.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
@@ -18,14 +21,14 @@ pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
 /// be: the idle-in-transaction limit, which PostgreSQL holds as an int of
 /// milliseconds (24.8 days at most, see config::batch_idle_limit_of), and
 /// the watchdog's budgets.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
 /// A year as humantime reads and writes `1year`: 365.25 days.
 const YEAR: u64 = 31_557_600;
 /// The longest --max-duration: a year, far past any drain's purpose.
-pub const MAX_RUN: Duration = Duration::from_secs(YEAR);
+pub(crate) const MAX_RUN: Duration = Duration::from_secs(YEAR);
 /// The longest age (--older-than, --fail-if-oldest-over): a hundred years,
 /// well within what PostgreSQL subtracts from now().
-pub const MAX_AGE: Duration = Duration::from_secs(100 * YEAR);
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(100 * YEAR);
 
 #[derive(Parser, Debug)]
 #[command(
@@ -68,7 +71,7 @@ impl Cli {
     /// exit, and cron would pile them up (a dry run follows nothing). The
     /// two ordered modes exclude each other: one order for the whole table
     /// cannot also be one per key.
-    pub fn checked(self) -> Result<Cli, clap::Error> {
+    pub(crate) fn checked(self) -> Result<Cli, clap::Error> {
         if let Some(Command::Migrate(migrate)) = &self.command
             && !migrate.adopt
             && self
@@ -140,36 +143,36 @@ pub struct MigrateArgs {
     /// Also install the trigger that wakes `--follow` at each insert (costs
     /// concurrent producers throughput: see the README, Low latency).
     #[arg(long)]
-    pub notify: bool,
+    pub(crate) notify: bool,
 
     /// Upgrade an existing table the migrations did not create (with
     /// --column for its names): add only the claim order and the relay's
     /// own columns and indexes that it lacks, never touching the others.
     #[arg(long)]
-    pub adopt: bool,
+    pub(crate) adopt: bool,
 }
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     /// Add the figures of each event type.
     #[arg(long)]
-    pub by_type: bool,
+    pub(crate) by_type: bool,
 
     /// Exit 1 when any event is dead.
     #[arg(long)]
-    pub fail_if_dead: bool,
+    pub(crate) fail_if_dead: bool,
 
     /// Exit 1 when the oldest pending event is older than this.
     #[arg(long, value_name = "DURATION", env = "OUTBOX_FAIL_IF_OLDEST_OVER",
           value_parser = duration_up_to(MAX_AGE))]
-    pub fail_if_oldest_over: Option<Duration>,
+    pub(crate) fail_if_oldest_over: Option<Duration>,
 
     /// Exit 1 when the oldest due event (available now, not backing off)
     /// was created longer ago than this: a relay has stopped or fallen
     /// behind.
     #[arg(long, value_name = "DURATION", env = "OUTBOX_MAX_AGE",
           value_parser = duration_up_to(MAX_AGE))]
-    pub max_age: Option<Duration>,
+    pub(crate) max_age: Option<Duration>,
 }
 
 #[derive(Args, Debug)]
@@ -177,16 +180,16 @@ pub struct StatusArgs {
 pub struct RequeueArgs {
     /// Every dead event (attempts >= --max-attempts).
     #[arg(long)]
-    pub dead: bool,
+    pub(crate) dead: bool,
 
     /// These events, by event_id (repeat or list several).
     #[arg(long, value_name = "ID", num_args = 1..)]
-    pub event_id: Vec<String>,
+    pub(crate) event_id: Vec<String>,
 
     /// The failed head of each of these ordering keys (--ordered-by-key),
     /// so the key's events go again (repeat or list several).
     #[arg(long, value_name = "KEY", num_args = 1..)]
-    pub key: Vec<String>,
+    pub(crate) key: Vec<String>,
 }
 
 /// `check` takes every option of the poll it checks, after its name
@@ -194,7 +197,7 @@ pub struct RequeueArgs {
 #[derive(Args, Debug)]
 pub struct CheckArgs {
     #[command(flatten)]
-    pub poll: PollArgs,
+    pub(crate) poll: PollArgs,
 }
 
 #[derive(Args, Debug)]
@@ -203,7 +206,7 @@ pub struct WaitArgs {
     /// until done, or a signal).
     #[arg(long, value_name = "DURATION", env = "OUTBOX_WAIT_TIMEOUT",
           value_parser = duration_up_to(MAX_TIMEOUT))]
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
 }
 
 #[derive(Args, Debug)]
@@ -211,26 +214,26 @@ pub struct PruneArgs {
     /// Delete events published longer ago than this (e.g. 7d).
     #[arg(long, value_name = "DURATION", env = "OUTBOX_PRUNE_OLDER_THAN",
           value_parser = duration_up_to(MAX_AGE))]
-    pub older_than: Duration,
+    pub(crate) older_than: Duration,
 
     /// Rows deleted per transaction, so no lock is held for long.
     #[arg(long, env = "OUTBOX_PRUNE_BATCH_SIZE", default_value_t = 5000,
           value_parser = clap::value_parser!(i64).range(1..=100_000))]
-    pub batch_size: i64,
+    pub(crate) batch_size: i64,
 
     /// Count what would be deleted; delete nothing.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
 
     /// Also delete dead events created longer ago than --older-than.
     #[arg(long)]
-    pub include_dead: bool,
+    pub(crate) include_dead: bool,
 
     /// Write every row to FILE (JSON Lines; FILE.gz gzip, FILE.zst zstd;
     /// `-` stdout) and sync it before its deletion commits. Never
     /// overwrites a file.
     #[arg(long, value_name = "FILE")]
-    pub archive: Option<PathBuf>,
+    pub(crate) archive: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -238,38 +241,38 @@ pub struct ReplayArgs {
     /// The archive to read (plain, .gz or .zst), checked whole before
     /// anything is published.
     #[arg(long, value_name = "FILE")]
-    pub from: PathBuf,
+    pub(crate) from: PathBuf,
 
     /// Only events created at or after this RFC 3339 time.
     #[arg(long, value_name = "RFC3339", value_parser = parse_time)]
-    pub since: Option<jiff::Timestamp>,
+    pub(crate) since: Option<jiff::Timestamp>,
 
     /// Only events created before this RFC 3339 time.
     #[arg(long, value_name = "RFC3339", value_parser = parse_time)]
-    pub until: Option<jiff::Timestamp>,
+    pub(crate) until: Option<jiff::Timestamp>,
 
     /// Only events whose type matches this shell-style pattern (`*`, `?`),
     /// e.g. 'order.*'.
     #[arg(long, value_name = "PATTERN")]
-    pub event_type: Option<String>,
+    pub(crate) event_type: Option<String>,
 
     /// Only these events, by event_id (repeat or list several).
     #[arg(long, value_name = "ID", num_args = 1..)]
-    pub event_id: Vec<String>,
+    pub(crate) event_id: Vec<String>,
 
     /// RabbitMQ URL (or several); as the poll's --amqp-url, which it
     /// overrides (AMQP_URL and AMQP_URL_FILE apply).
     #[arg(long, hide_env_values = true)]
-    pub amqp_url: Option<String>,
+    pub(crate) amqp_url: Option<String>,
 
     /// The exchange of events archived without an exchange column; as the
     /// poll's --exchange, which it overrides (OUTBOX_EXCHANGE applies).
     #[arg(long)]
-    pub exchange: Option<String>,
+    pub(crate) exchange: Option<String>,
 
     /// Time allowed for each batch's publisher confirms.
     #[arg(long, value_name = "DURATION", value_parser = duration_up_to(MAX_TIMEOUT))]
-    pub confirm_timeout: Option<Duration>,
+    pub(crate) confirm_timeout: Option<Duration>,
 }
 
 /// An RFC 3339 time with its offset: `2026-12-01T00:00:00Z`.
@@ -285,13 +288,13 @@ pub struct DatabaseArgs {
     /// sslmode, target_session_attrs...); without it, libpq's PG* variables
     /// and files. DATABASE_URL_FILE names a file holding it instead.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
-    pub database_url: Option<String>,
+    pub(crate) database_url: Option<String>,
 
     /// Outbox table, optionally schema-qualified; or a comma-separated
     /// list of names and shell-style patterns over schema-qualified names
     /// ('tenant_*.outbox'), resolved from the catalog at every run.
     #[arg(long, env = "OUTBOX_TABLE", default_value = "outbox", global = true)]
-    pub table: String,
+    pub(crate) table: String,
 
     /// The table's own column for each role, for a table the migrations
     /// did not create: e.g. event_id=id,event_type=type,routing_key=aggregatetype
@@ -309,28 +312,28 @@ pub struct DatabaseArgs {
         value_name = "FILE",
         global = true
     )]
-    pub databases: Option<PathBuf>,
+    pub(crate) databases: Option<PathBuf>,
 
     /// Serve only shard I of N of the selected outboxes (by a stable hash
     /// of database and table), e.g. 2/4 or $JOB_COMPLETION_INDEX/4.
     #[arg(long, env = "OUTBOX_SHARD", value_name = "I/N", global = true,
           value_parser = parse_shard)]
-    pub shard: Option<Shard>,
+    pub(crate) shard: Option<Shard>,
 
     /// PostgreSQL sessions a run may hold at once, over every database.
     #[arg(long, env = "OUTBOX_MAX_CONNECTIONS", default_value_t = 8, global = true,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub max_connections: u32,
+    pub(crate) max_connections: u32,
 
     /// A row with attempts >= N is dead: never claimed again.
     #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = DEFAULT_MAX_ATTEMPTS, global = true,
           value_parser = clap::value_parser!(i32).range(1..))]
-    pub max_attempts: i32,
+    pub(crate) max_attempts: i32,
 
     /// Timeout for connecting to each of PostgreSQL and RabbitMQ.
     #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", global = true,
           value_parser = duration_up_to(MAX_TIMEOUT))]
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
 }
 
 /// Options of the poll run itself.
@@ -347,80 +350,80 @@ pub struct PollArgs {
         hide_default_value = true,
         hide_env_values = true
     )]
-    pub amqp_url: String,
+    pub(crate) amqp_url: String,
 
     /// Exchange to publish to; the routing key is the event type (or the routing_key column).
     #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox")]
-    pub exchange: String,
+    pub(crate) exchange: String,
 
     /// Declare the exchange (durable) of this kind instead of checking that it exists.
     #[arg(long, env = "OUTBOX_DECLARE_EXCHANGE", value_enum)]
-    pub declare_exchange: Option<ExchangeKind>,
+    pub(crate) declare_exchange: Option<ExchangeKind>,
 
     /// Events claimed per batch (one transaction).
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub batch_size: u32,
+    pub(crate) batch_size: u32,
 
     /// Payload bytes a batch may hold, and all the batches a drain has in
     /// flight together: past it a claim takes no more events (though always
     /// its first). Bounds the memory a run needs.
     #[arg(long, env = "OUTBOX_BATCH_BYTES", value_name = "SIZE", default_value = "16MiB",
           value_parser = parse_bytes)]
-    pub batch_bytes: u64,
+    pub(crate) batch_bytes: u64,
 
     /// Batch after batch, each its own transaction, until none is claimed.
     #[arg(long, env = "OUTBOX_DRAIN", action = ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
-    pub drain: bool,
+    pub(crate) drain: bool,
 
     /// A drain that keeps publishing new events as they commit, until
     /// --max-duration (required with it) or a signal.
     #[arg(long, env = "OUTBOX_FOLLOW", action = ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
-    pub follow: bool,
+    pub(crate) follow: bool,
 
     /// With --drain: stop after N batches.
     #[arg(long, env = "OUTBOX_MAX_BATCHES", value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_batches: Option<u64>,
+    pub(crate) max_batches: Option<u64>,
 
     /// With --drain: start no new batch after this long.
     #[arg(long, env = "OUTBOX_MAX_DURATION", value_parser = duration_up_to(MAX_RUN))]
-    pub max_duration: Option<Duration>,
+    pub(crate) max_duration: Option<Duration>,
 
     /// One publisher per table, strict order, stop a batch at its first failure.
     #[arg(long, env = "OUTBOX_ORDERED", action = ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
-    pub ordered: bool,
+    pub(crate) ordered: bool,
 
     /// Order per ordering_key: one event of a key at a time, keys in parallel.
     #[arg(long, env = "OUTBOX_ORDERED_BY_KEY", action = ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
-    pub ordered_by_key: bool,
+    pub(crate) ordered_by_key: bool,
 
     /// What becomes of a confirmed event: marked published, or deleted.
     #[arg(long, env = "OUTBOX_ON_PUBLISH", value_enum, default_value_t = OnPublish::Mark)]
-    pub on_publish: OnPublish,
+    pub(crate) on_publish: OnPublish,
 
     /// Print the claimed batch as JSON lines, publish nothing, roll back.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
 
     /// Time allowed for the whole batch's publisher confirms.
     #[arg(long, env = "OUTBOX_CONFIRM_TIMEOUT", default_value = "30s",
           value_parser = duration_up_to(MAX_TIMEOUT))]
-    pub confirm_timeout: Duration,
+    pub(crate) confirm_timeout: Duration,
 
     /// After the run, write Prometheus gauges to this file (written, then renamed).
     #[arg(long, env = "OUTBOX_METRICS_FILE", value_name = "PATH")]
-    pub metrics_file: Option<PathBuf>,
+    pub(crate) metrics_file: Option<PathBuf>,
 }
 
 /// `--shard I/N`: this run serves shard `index` of `count`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shard {
-    pub index: u32,
-    pub count: u32,
+pub(crate) struct Shard {
+    pub(crate) index: u32,
+    pub(crate) count: u32,
 }
 
 /// `I/N` with N at least 1 and I in 0..N: anything else is a usage error.
@@ -439,24 +442,6 @@ fn parse_shard(text: &str) -> Result<Shard, String> {
     Ok(Shard { index, count })
 }
 
-/// What a batch does with the events the broker confirmed.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnPublish {
-    /// `published_at = now()`: the row stays until `prune` deletes it.
-    Mark,
-    /// The row is deleted in the batch's transaction: the table holds only
-    /// what is still to send (and the dead and backing-off events).
-    Delete,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExchangeKind {
-    Direct,
-    Fanout,
-    Topic,
-    Headers,
-}
-
 /// `500ms`, `30s`, `5m`, `7d`, as humantime reads them; zero is refused,
 /// since a zero timeout or limit can never be what the operator meant.
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -470,7 +455,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// The largest --batch-bytes: a batch's payloads are in memory about twice
 /// over while it is published (the events, and the client's frames).
-pub const MAX_BATCH_BYTES: u64 = 1 << 30;
+pub(crate) const MAX_BATCH_BYTES: u64 = 1 << 30;
 
 /// `16MiB`, `500kB`, `1048576`: bytes, with an optional unit (kB, MB, GB
 /// count in thousands, KiB, MiB, GiB in 1024s), from 1 byte to 1GiB.

@@ -8,21 +8,21 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 
 use crate::broker::publisher::BrokerConfig;
-use crate::cli::{DatabaseArgs, OnPublish, PollArgs};
+use crate::cli::{DatabaseArgs, PollArgs};
 use crate::connect::amqp_url::amqp_nodes;
 use crate::connect::conninfo::{self, Account, ConnInfo, SystemFiles};
 use crate::connect::database::{self, STATEMENT_TIMEOUT};
 use crate::connect::libpq::Env;
 use crate::connect::secrets;
 use crate::exit;
-use crate::sql::outbox::Order;
+use crate::sql::outbox::{OnPublish, Order};
 use crate::sql::table::TableName;
 
 /// AMQP short strings (exchange names among them) hold at most 255 bytes.
 const MAX_EXCHANGE_BYTES: usize = 255;
 /// How long a transaction may idle, beyond the broker's own time limits,
 /// before the server ends it and frees its rows.
-pub const IDLE_MARGIN: Duration = Duration::from_secs(30);
+pub(crate) const IDLE_MARGIN: Duration = Duration::from_secs(30);
 /// Events a drain with a backlog keeps in flight: a batch's confirms come
 /// back only after the broker has written it, and a few hundred messages
 /// behind it keep the broker busy meanwhile (see README, Performance).
@@ -36,35 +36,35 @@ const MAX_IDLE_LIMIT: Duration = Duration::from_millis(i32::MAX as u64);
 #[derive(Debug, Clone)]
 pub struct Database {
     /// libpq's connection model: the hosts to try, TLS, the login.
-    pub conninfo: ConnInfo,
-    pub table: TableName,
-    pub max_attempts: i32,
-    pub connect_timeout: Duration,
+    pub(crate) conninfo: ConnInfo,
+    pub(crate) table: TableName,
+    pub(crate) max_attempts: i32,
+    pub(crate) connect_timeout: Duration,
 }
 
 /// What a poll run (the relay) does.
 #[derive(Debug, Clone)]
 pub struct Relay {
-    pub broker: BrokerConfig,
+    pub(crate) broker: BrokerConfig,
     /// The longest a PostgreSQL connect can take (Database::connect_budget),
     /// for the sessions a drain opens while a batch waits.
-    pub session_connect_budget: Duration,
-    pub batch_size: i64,
+    pub(crate) session_connect_budget: Duration,
+    pub(crate) batch_size: i64,
     /// Payload bytes one batch, and all a drain has in flight, may hold.
-    pub batch_bytes: i64,
-    pub drain: bool,
+    pub(crate) batch_bytes: i64,
+    pub(crate) drain: bool,
     /// --follow: a drain that waits for new events instead of ending.
-    pub follow: bool,
+    pub(crate) follow: bool,
     /// How many batches a drain may have in flight at once.
-    pub in_flight: usize,
-    pub max_batches: Option<u64>,
-    pub max_duration: Option<Duration>,
+    pub(crate) in_flight: usize,
+    pub(crate) max_batches: Option<u64>,
+    pub(crate) max_duration: Option<Duration>,
     /// --ordered; never set together with `ordered_by_key` (clap refuses it).
-    pub ordered: bool,
-    pub ordered_by_key: bool,
-    pub on_publish: OnPublish,
-    pub dry_run: bool,
-    pub metrics_file: Option<PathBuf>,
+    pub(crate) ordered: bool,
+    pub(crate) ordered_by_key: bool,
+    pub(crate) on_publish: OnPublish,
+    pub(crate) dry_run: bool,
+    pub(crate) metrics_file: Option<PathBuf>,
 }
 
 impl Database {
@@ -97,13 +97,13 @@ impl Database {
     /// How long the server lets a subcommand's transaction sit idle before
     /// it ends it and frees its rows (see `connect::database::connect`):
     /// the subcommands never wait on anything but PostgreSQL itself.
-    pub fn command_idle_limit(&self) -> Duration {
+    pub(crate) fn command_idle_limit(&self) -> Duration {
         IDLE_MARGIN + self.connect_timeout
     }
 
     /// The longest a connect can take: --connect-timeout for each host of
     /// the list (see `connect::hosts`). Watchdog budgets include it.
-    pub fn connect_budget(&self) -> Duration {
+    pub(crate) fn connect_budget(&self) -> Duration {
         database::connect_budget(&self.conninfo, self.connect_timeout)
     }
 }
@@ -173,7 +173,7 @@ impl Relay {
     }
 
     /// How the run claims its events.
-    pub fn order(&self) -> Order {
+    pub(crate) fn order(&self) -> Order {
         match (self.ordered, self.ordered_by_key) {
             (true, _) => Order::Strict,
             (false, true) => Order::ByKey,
@@ -192,7 +192,7 @@ impl Relay {
     /// commits the batch ahead and claims the next one (a statement's time
     /// each). The confirms of the batches ahead of this one are due before
     /// its own.
-    pub fn batch_idle_limit(&self) -> Duration {
+    pub(crate) fn batch_idle_limit(&self) -> Duration {
         let broker = &self.broker;
         batch_idle_limit_of(
             Waits {
@@ -209,7 +209,7 @@ impl Relay {
 /// Where and how a run publishes: the poll's options, and those a
 /// subcommand gives in their place (replay's `url`, `exchange` and
 /// `confirm_timeout`, given after its name).
-pub fn broker_config(
+pub(crate) fn broker_config(
     args: &PollArgs,
     url: Option<&str>,
     exchange: Option<&str>,

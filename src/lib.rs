@@ -19,11 +19,12 @@
 //!   completions and the manual page);
 //! - [`report`]: what a run tells: stdout, the JSON summary, the metrics
 //!   file, the progress bar, the log;
-//! - [`guard`]: what bounds a run: the watchdog and the signals;
+//! - `guard`: what bounds a run: the watchdog and the signals;
 //! - [`exit`]: the exit codes, and which failure is whose;
 //! - [`archive`]: the file `prune --archive` writes and `replay` reads.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod archive;
 pub mod broker;
@@ -33,7 +34,7 @@ pub mod config;
 pub mod connect;
 pub mod environment;
 pub mod exit;
-pub mod guard;
+pub(crate) mod guard;
 pub mod plan;
 pub mod relay;
 pub mod report;

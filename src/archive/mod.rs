@@ -21,21 +21,21 @@
 //! the lines, `record` turns a line back into the event the relay sent.
 
 pub mod reader;
-pub mod record;
-pub mod writer;
+pub(crate) mod record;
+pub(crate) mod writer;
 
 use std::path::Path;
 
 /// How an archive's bytes are compressed, by its name's extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Compression {
+pub(crate) enum Compression {
     Plain,
     Gzip,
     Zstd,
 }
 
 impl Compression {
-    pub fn of(path: &Path) -> Compression {
+    pub(crate) fn of(path: &Path) -> Compression {
         match path.extension().and_then(|extension| extension.to_str()) {
             Some("gz") => Compression::Gzip,
             Some("zst") => Compression::Zstd,

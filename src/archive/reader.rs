@@ -56,12 +56,12 @@ impl Reader {
     }
 
     /// `FILE:LINE`, the place of the line last read, for messages.
-    pub fn place(&self) -> String {
+    pub(crate) fn place(&self) -> String {
         format!("{}:{}", self.name, self.number)
     }
 
     /// The number of the line last read.
-    pub fn number(&self) -> usize {
+    pub(crate) fn number(&self) -> usize {
         self.number
     }
 

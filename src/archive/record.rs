@@ -14,7 +14,7 @@ use crate::sql::outbox::Event;
 /// A timestamptz as PostgreSQL prints it in JSON: a moment, or one of its
 /// infinities (which sort before and after every moment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Time {
+pub(crate) enum Time {
     MinusInfinity,
     At(Timestamp),
     Infinity,
@@ -22,7 +22,7 @@ pub enum Time {
 
 impl Time {
     /// `2026-12-04T20:41:26.123456+00:00`, `infinity`, `-infinity`.
-    pub fn parse(text: &str) -> Result<Time, String> {
+    pub(crate) fn parse(text: &str) -> Result<Time, String> {
         match text {
             "infinity" => Ok(Time::Infinity),
             "-infinity" => Ok(Time::MinusInfinity),
@@ -44,19 +44,19 @@ impl Time {
 }
 
 /// An archived row.
-pub struct Record {
+pub(crate) struct Record {
     /// The event as the relay read it, headers aside.
     event: Event,
     /// The headers column's value, if any.
     headers: Option<Value>,
-    pub created_at: Option<Time>,
+    pub(crate) created_at: Option<Time>,
     expires_at: Option<Time>,
 }
 
 impl Record {
     /// Reads one archive line; `id` identifies the event in the replay's
     /// outcomes (its line number: an archive may hold a row twice).
-    pub fn parse(line: &str, id: i64) -> Result<Record, String> {
+    pub(crate) fn parse(line: &str, id: i64) -> Result<Record, String> {
         let row = match serde_json::from_str::<Value>(line) {
             Ok(Value::Object(row)) => row,
             Ok(_) => return Err("not a JSON object".into()),
@@ -112,11 +112,11 @@ impl Record {
         })
     }
 
-    pub fn event_id(&self) -> &str {
+    pub(crate) fn event_id(&self) -> &str {
         &self.event.event_id
     }
 
-    pub fn event_type(&self) -> &str {
+    pub(crate) fn event_type(&self) -> &str {
         &self.event.event_type
     }
 
@@ -124,7 +124,7 @@ impl Record {
     /// `value` beside the row's own headers (a headers value that is not
     /// an object is left as it is: the event fails, as it would have in
     /// the relay), and the expiration left from now.
-    pub fn into_event(self, header: &str, value: &str, now: Timestamp) -> Event {
+    pub(crate) fn into_event(self, header: &str, value: &str, now: Timestamp) -> Event {
         let headers = match self.headers {
             Some(Value::Object(mut members)) => {
                 members.insert(header.into(), value.into());
@@ -178,7 +178,7 @@ fn payload(row: &Map<String, Value>) -> Result<(Vec<u8>, Payload), String> {
 /// between members and elements, `: ` after keys, the keys in the order
 /// read, numbers as written (serde_json keeps their text), strings escaped
 /// as PostgreSQL escapes them (which is serde_json's escaping too).
-pub fn jsonb_text(value: &Value) -> Vec<u8> {
+pub(crate) fn jsonb_text(value: &Value) -> Vec<u8> {
     let mut text = Vec::new();
     let mut serializer = serde_json::Serializer::with_formatter(&mut text, JsonbFormatter);
     // Writing a Value to memory cannot fail.

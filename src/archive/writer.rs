@@ -80,7 +80,7 @@ impl Writer {
     /// file, and syncs its directory so that the new name itself survives
     /// a crash. Every failure is the operator's to fix (exit 78): a file
     /// already there, a directory missing or read-only, a full disk.
-    pub fn create(path: &Path) -> Result<Writer> {
+    pub(crate) fn create(path: &Path) -> Result<Writer> {
         if path == Path::new("-") {
             return Ok(Writer {
                 sink: Sink::Stdout(io::stdout()),
@@ -130,7 +130,7 @@ impl Writer {
     /// line cut short by a full disk, say), so the archive stays readable
     /// to its end: those rows were not deleted. Best effort: the run is
     /// failing already, for the reason it reports.
-    pub fn discard_unsynced(&mut self) {
+    pub(crate) fn discard_unsynced(&mut self) {
         if let Sink::File(file) = &mut self.sink {
             let _ = file.set_len(self.synced).and_then(|()| file.sync_all());
         }
@@ -138,13 +138,13 @@ impl Writer {
 
     /// Whether the archive goes to stdout (then the command's own report
     /// goes to stderr, out of the archive's way).
-    pub fn is_stdout(&self) -> bool {
+    pub(crate) fn is_stdout(&self) -> bool {
         matches!(self.sink, Sink::Stdout(_))
     }
 
     /// A new member for one batch's rows (after what a failed one left,
     /// cut off: see `discard_unsynced`).
-    pub fn member(&mut self) -> Result<Member<'_>> {
+    pub(crate) fn member(&mut self) -> Result<Member<'_>> {
         self.discard_unsynced();
         let name = &self.name;
         let buffered = BufWriter::new(&mut self.sink);
@@ -171,7 +171,7 @@ impl Writer {
     /// Ends the archive. One that received no row still gets an empty
     /// member, so that a compressed archive is always a valid file for
     /// zcat and zstdcat.
-    pub fn finish(mut self) -> Result<()> {
+    pub(crate) fn finish(mut self) -> Result<()> {
         self.discard_unsynced();
         if self.members == 0 && self.compression != Compression::Plain {
             self.member()?.commit()?;
@@ -181,7 +181,7 @@ impl Writer {
 }
 
 /// One batch's rows, compressed as they come.
-pub struct Member<'a> {
+pub(crate) struct Member<'a> {
     encoder: Encoder<'a>,
     name: &'a str,
     members: &'a mut u64,
@@ -198,7 +198,7 @@ enum Encoder<'a> {
 impl Member<'_> {
     /// Appends one row: `json` is one JSON object on one line (jsonb's
     /// text never holds a raw newline: strings escape it).
-    pub fn line(&mut self, json: &str) -> Result<()> {
+    pub(crate) fn line(&mut self, json: &str) -> Result<()> {
         let written = match &mut self.encoder {
             Encoder::Plain(out) => out.write_all(json.as_bytes()).and(out.write_all(b"\n")),
             Encoder::Gzip(out) => out.write_all(json.as_bytes()).and(out.write_all(b"\n")),
@@ -212,7 +212,7 @@ impl Member<'_> {
     /// Ends the member, flushes it and syncs the file: when this returns
     /// Ok, the member's rows are on disk and may be deleted. Returns how
     /// many rows it holds.
-    pub fn commit(self) -> Result<u64> {
+    pub(crate) fn commit(self) -> Result<u64> {
         let name = self.name;
         let fail = |error: io::Error| unwritable(name, &error);
         let buffered = match self.encoder {

@@ -28,11 +28,11 @@ const SLICE: Duration = Duration::from_millis(50);
 
 /// The broker's reason for blocking us, once it has.
 #[derive(Clone, Default)]
-pub struct Alarm(Arc<Mutex<Option<String>>>);
+pub(crate) struct Alarm(Arc<Mutex<Option<String>>>);
 
 /// Why a wait ended without its result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cutoff {
+pub(crate) enum Cutoff {
     Deadline,
     Blocked,
 }
@@ -41,7 +41,7 @@ impl Alarm {
     /// Listens to `connection`'s events on `runtime` from now on. The
     /// reason stays once given: a run the broker blocked ends, even if the
     /// alarm clears meanwhile.
-    pub fn watch(connection: &Connection, runtime: &Runtime) -> Alarm {
+    pub(crate) fn watch(connection: &Connection, runtime: &Runtime) -> Alarm {
         let alarm = Alarm::default();
         let reason = Arc::clone(&alarm.0);
         let events = connection.events_listener();
@@ -59,13 +59,13 @@ impl Alarm {
     }
 
     /// The broker's reason, if it blocked the connection.
-    pub fn reason(&self) -> Option<String> {
+    pub(crate) fn reason(&self) -> Option<String> {
         self.0.lock().ok().and_then(|reason| reason.clone())
     }
 
     /// Awaits `future` until `deadline`, or until the broker blocks the
     /// connection, whichever comes first.
-    pub async fn until<F: Future>(
+    pub(crate) async fn until<F: Future>(
         &self,
         deadline: Instant,
         future: F,

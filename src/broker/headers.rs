@@ -20,13 +20,13 @@ use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use serde_json::{Number, Value};
 
 /// The W3C trace context header, in the headers column and on the wire.
-pub const TRACEPARENT: &str = "traceparent";
+pub(crate) const TRACEPARENT: &str = "traceparent";
 
 /// A header table and the bytes it takes on the wire (its length prefix
 /// included), to check against the broker's frame size before sending.
-pub struct Headers {
-    pub table: FieldTable,
-    pub bytes: usize,
+pub(crate) struct Headers {
+    pub(crate) table: FieldTable,
+    pub(crate) bytes: usize,
 }
 
 /// No headers yet: an empty table still has its length prefix.
@@ -41,7 +41,7 @@ impl Default for Headers {
 
 impl Headers {
     /// Reads the headers column (jsonb as PostgreSQL prints it).
-    pub fn from_json(text: &str) -> Result<Self, String> {
+    pub(crate) fn from_json(text: &str) -> Result<Self, String> {
         let value: Value = serde_json::from_str(text)
             .map_err(|error| format!("the headers column is not valid JSON: {error}"))?;
         let Value::Object(members) = value else {
@@ -56,7 +56,7 @@ impl Headers {
 
     /// Adds (or replaces) a string header. A replaced header's bytes stay
     /// counted: the size is then an upper bound, which is safe.
-    pub fn insert_string(&mut self, name: &str, value: &str) {
+    pub(crate) fn insert_string(&mut self, name: &str, value: &str) {
         self.bytes += entry_bytes(name, 1 + 4 + value.len());
         self.table.insert(
             ShortString::from(name),

@@ -11,7 +11,7 @@ use crate::sql::outbox::Event;
 
 /// The header that carries ordering_key, for consumers that shard by key
 /// (RabbitMQ's consistent-hash exchange can hash on a header).
-pub const ORDERING_KEY_HEADER: &str = "x-ordering-key";
+pub(crate) const ORDERING_KEY_HEADER: &str = "x-ordering-key";
 
 /// What a content header frame holds besides the headers table, at most:
 /// the frame's own header and end (8 bytes), class, weight, body size and
@@ -119,7 +119,7 @@ fn expiration(event: &Event) -> Option<u64> {
 /// The AMQP timestamp: created_at in whole seconds since the epoch. AMQP's
 /// is unsigned, so a created_at before 1970, an infinite one or a NULL
 /// has none: the property is omitted, and the event sent all the same.
-pub fn timestamp(event: &Event) -> Option<u64> {
+pub(crate) fn timestamp(event: &Event) -> Option<u64> {
     event
         .created_at
         .filter(|seconds| seconds.is_finite() && *seconds >= 0.0)

@@ -8,12 +8,12 @@
 //! optional headers column; `probe` is `check`'s look at the broker, which
 //! publishes nothing.
 
-pub mod alarm;
-pub mod headers;
+pub(crate) mod alarm;
+pub(crate) mod headers;
 pub mod message;
-pub mod probe;
-pub mod publisher;
-pub mod round;
+pub(crate) mod probe;
+pub(crate) mod publisher;
+pub(crate) mod round;
 
 use anyhow::{Result, anyhow};
 
@@ -24,7 +24,7 @@ use crate::sql::outbox::Event;
 /// The broker connection of a run, opened on the first batch that has
 /// something to publish and reused by the rest of a drain: a run with
 /// nothing due never connects.
-pub struct Broker {
+pub(crate) struct Broker {
     config: BrokerConfig,
     publisher: Option<Publisher>,
     /// A signal ends the connect at once.
@@ -36,7 +36,7 @@ pub struct Broker {
 }
 
 impl Broker {
-    pub fn new(config: BrokerConfig, stop: Stop) -> Self {
+    pub(crate) fn new(config: BrokerConfig, stop: Stop) -> Self {
         Broker {
             config,
             publisher: None,
@@ -47,7 +47,7 @@ impl Broker {
 
     /// Hands a batch to the broker, connecting first if this is the run's
     /// first batch. --confirm-timeout counts from here.
-    pub fn send(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
+    pub(crate) fn send(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
         let publisher = match self.publisher.take() {
             Some(publisher) => publisher,
             None => {
@@ -60,7 +60,7 @@ impl Broker {
     }
 
     /// Whether the broker itself failed the last batch (see `failed`).
-    pub fn failed(&self) -> bool {
+    pub(crate) fn failed(&self) -> bool {
         self.failed
     }
 
@@ -68,7 +68,7 @@ impl Broker {
     /// only on a connected publisher, which stays until `close` (or a
     /// follow's `disconnect`, never with a batch in flight); without one
     /// nothing could have been confirmed.
-    pub fn outcome(&mut self, sent: Sent, events: &[Event]) -> Outcome {
+    pub(crate) fn outcome(&mut self, sent: Sent, events: &[Event]) -> Outcome {
         let outcome = match self.publisher.as_mut() {
             Some(publisher) => publisher.outcome(sent, events),
             None => Outcome {
@@ -80,18 +80,18 @@ impl Broker {
         outcome
     }
 
-    pub fn close(mut self) {
+    pub(crate) fn close(mut self) {
         self.disconnect();
     }
 
     /// Whether a connection is open.
-    pub fn is_connected(&self) -> bool {
+    pub(crate) fn is_connected(&self) -> bool {
         self.publisher.is_some()
     }
 
     /// Closes the connection, if one is open; the next `send` connects
     /// again. A follow lets go of the broker while nothing is due.
-    pub fn disconnect(&mut self) {
+    pub(crate) fn disconnect(&mut self) {
         if let Some(publisher) = self.publisher.take() {
             publisher.close();
         }

@@ -34,7 +34,7 @@ use crate::exit::{self, classify};
 use crate::guard::stop::Stop;
 
 /// The broker's checks, in the order they run: each needs the one before.
-pub const CHECKS: [&str; 3] = ["rabbitmq", "exchange", "publish"];
+pub(crate) const CHECKS: [&str; 3] = ["rabbitmq", "exchange", "publish"];
 
 /// The routing key of the check's publish, which is never delivered: it
 /// says what it was, should a broker's trace ever show it.
@@ -46,7 +46,7 @@ const NOT_FOUND: u16 = 404;
 /// Runs the broker's checks (CHECKS) in order: the detail of each that
 /// passes goes to `passed`, and the first that fails ends them with its
 /// error.
-pub fn run(config: &BrokerConfig, passed: &mut Vec<String>) -> Result<()> {
+pub(crate) fn run(config: &BrokerConfig, passed: &mut Vec<String>) -> Result<()> {
     let runtime = amqp_runtime()?;
     let checked = runtime.block_on(probe(config, passed, &runtime));
     // Dropping the runtime would wait for its tasks, and a task may still

@@ -11,6 +11,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use clap::ValueEnum;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
@@ -21,7 +22,6 @@ use crate::broker::alarm::{Alarm, Cutoff};
 use crate::broker::round::{
     Exchanges, Issued, Round, await_round, issue_round, missing_exchange, publish_round,
 };
-use crate::cli::ExchangeKind;
 use crate::connect::amqp::{connect_first, refusal, reply_code};
 use crate::connect::amqp_url::{AmqpNode, describe_broker};
 use crate::connect::wait::{self, Waited};
@@ -31,44 +31,53 @@ use crate::sql::outbox::Event;
 
 /// Closing politely is a courtesy to the broker's logs, not a correctness
 /// matter: everything is committed by then. Never let it delay the exit.
-pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// --declare-exchange: the kind of exchange to declare.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ExchangeKind {
+    Direct,
+    Fanout,
+    Topic,
+    Headers,
+}
 
 /// Where and how to publish.
 #[derive(Debug, Clone)]
-pub struct BrokerConfig {
+pub(crate) struct BrokerConfig {
     /// The nodes of the cluster, tried in order.
-    pub nodes: Vec<AmqpNode>,
-    pub exchange: String,
-    pub declare_exchange: Option<ExchangeKind>,
-    pub connect_timeout: Duration,
-    pub confirm_timeout: Duration,
+    pub(crate) nodes: Vec<AmqpNode>,
+    pub(crate) exchange: String,
+    pub(crate) declare_exchange: Option<ExchangeKind>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) confirm_timeout: Duration,
 }
 
 impl BrokerConfig {
     /// The longest the connect can take: --connect-timeout for each node.
-    pub fn connect_budget(&self) -> Duration {
+    pub(crate) fn connect_budget(&self) -> Duration {
         self.connect_timeout * u32::try_from(self.nodes.len()).unwrap_or(u32::MAX)
     }
 }
 
 /// What the broker said about a batch.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Row ids the broker confirmed: mark them published.
-    pub confirmed: Vec<i64>,
+    pub(crate) confirmed: Vec<i64>,
     /// Row ids that failed by their own fault (returned unroutable, the
     /// channel closed over them, not sendable at all), with the reason:
     /// count an attempt.
-    pub failed: Vec<(i64, String)>,
+    pub(crate) failed: Vec<(i64, String)>,
     /// Row ids the broker nacked (declined for now): back off, but count no
     /// attempt.
-    pub declined: Vec<i64>,
+    pub(crate) declined: Vec<i64>,
     /// Set when the batch could not be finished: the connection failed,
     /// confirms did not come back in time, or the broker refused for a
     /// reason of permissions or configuration (the error's kind says which:
     /// exit 69 or 78). The events neither confirmed nor failed were not the
     /// events' fault and must be left exactly as they were.
-    pub outage: Option<anyhow::Error>,
+    pub(crate) outage: Option<anyhow::Error>,
 }
 
 impl Outcome {
@@ -99,7 +108,7 @@ enum Verdict {
 
 /// The runtime lapin runs on: one worker thread of its own, so that the
 /// broker's frames are read while the relay waits on PostgreSQL.
-pub fn amqp_runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn amqp_runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("amqp")
@@ -125,7 +134,7 @@ fn verdict(refusal: Option<classify::Cause>, connected: bool, alone: bool) -> Ve
     }
 }
 
-pub struct Publisher {
+pub(crate) struct Publisher {
     runtime: Runtime,
     connection: Connection,
     /// Open channels no batch is using. Each batch in flight has a channel
@@ -146,7 +155,7 @@ pub struct Publisher {
 }
 
 /// A batch handed to the broker, its confirms not yet awaited.
-pub enum Sent {
+pub(crate) enum Sent {
     /// The first round is on the wire; `outcome` awaits it (and whatever
     /// rounds a channel close makes necessary).
     Pipelined {
@@ -164,7 +173,7 @@ impl Publisher {
     /// the exchange and enables confirms, each within --connect-timeout:
     /// lapin has no connect timeout of its own. A signal ends the wait at
     /// once (`stop`).
-    pub fn connect(config: &BrokerConfig, stop: &Stop) -> Result<Self> {
+    pub(crate) fn connect(config: &BrokerConfig, stop: &Stop) -> Result<Self> {
         let runtime = amqp_runtime()?;
         let (connection, broker, channel) = runtime.block_on(async {
             let (connection, index) =
@@ -207,7 +216,7 @@ impl Publisher {
 
     /// Hands a batch to the broker: issues every publish and returns
     /// without awaiting a confirm. --confirm-timeout counts from here.
-    pub fn send(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
+    pub(crate) fn send(&mut self, events: &[Event], ordered: bool) -> Result<Sent> {
         self.check_exchanges(events);
         if ordered {
             return Ok(Sent::Ordered);
@@ -234,7 +243,7 @@ impl Publisher {
 
     /// Awaits the confirms of a batch `send` sent (`events` as given to
     /// it) and says what became of each event.
-    pub fn outcome(&mut self, sent: Sent, events: &[Event]) -> Outcome {
+    pub(crate) fn outcome(&mut self, sent: Sent, events: &[Event]) -> Outcome {
         match sent {
             Sent::Pipelined {
                 channel,
@@ -452,7 +461,7 @@ impl Publisher {
 
     /// Closes the connection cleanly; errors here change nothing. A broker
     /// that blocked us reads nothing, the close included: it is not tried.
-    pub fn close(self) {
+    pub(crate) fn close(self) {
         let connection = self.connection;
         if self.alarm.reason().is_none() {
             let _ = self.runtime.block_on(async {
@@ -668,7 +677,7 @@ async fn check_exchange(channel: &Channel, config: &BrokerConfig, broker: &str) 
 }
 
 /// The run's exchange is not there and the run may not declare it.
-pub fn missing_exchange_error(exchange: &str, broker: &str) -> anyhow::Error {
+pub(crate) fn missing_exchange_error(exchange: &str, broker: &str) -> anyhow::Error {
     exit::config(anyhow!(
         "exchange {exchange:?} does not exist on RabbitMQ at {broker}: create it, or pass \
          --declare-exchange KIND to have outbox-poll declare it"

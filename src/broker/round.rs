@@ -19,7 +19,7 @@ use crate::sql::outbox::Event;
 
 /// What a nack records in last_error: the broker declined the message for
 /// now, which is no failure of the event's own.
-pub const NACKED: &str = "nacked by the broker (not counted as an attempt): the queue declined \
+pub(crate) const NACKED: &str = "nacked by the broker (not counted as an attempt): the queue declined \
      the message for now (a queue full with x-overflow=reject-publish, a quorum queue without \
      a majority); it is retried after a backoff";
 
@@ -29,13 +29,13 @@ pub const NACKED: &str = "nacked by the broker (not counted as an attempt): the 
 /// publish to a missing exchange costs a channel (the broker closes it)
 /// and a round to find the event out.
 #[derive(Clone, Copy)]
-pub struct Exchanges<'a> {
-    pub default: &'a str,
-    pub missing: &'a HashSet<String>,
+pub(crate) struct Exchanges<'a> {
+    pub(crate) default: &'a str,
+    pub(crate) missing: &'a HashSet<String>,
 }
 
 /// What last_error says of an event whose own exchange does not exist.
-pub fn missing_exchange(exchange: &str) -> String {
+pub(crate) fn missing_exchange(exchange: &str) -> String {
     format!(
         "exchange {exchange:?} (the row's exchange column) does not exist on the broker: \
          create it or correct the row; the event is retried after a backoff"
@@ -44,20 +44,20 @@ pub fn missing_exchange(exchange: &str) -> String {
 
 /// The result of one pipelined round.
 #[derive(Default)]
-pub struct Round {
-    pub confirmed: Vec<i64>,
+pub(crate) struct Round {
+    pub(crate) confirmed: Vec<i64>,
     /// The event's own failures (unroutable, or not sendable at all): count
     /// an attempt.
-    pub failed: Vec<(i64, String)>,
+    pub(crate) failed: Vec<(i64, String)>,
     /// Row ids the broker nacked: back off, count no attempt.
-    pub declined: Vec<i64>,
+    pub(crate) declined: Vec<i64>,
     /// Row ids with no answer from the broker.
-    pub unresolved: HashSet<i64>,
-    pub error: Option<anyhow::Error>,
-    pub timed_out: bool,
+    pub(crate) unresolved: HashSet<i64>,
+    pub(crate) error: Option<anyhow::Error>,
+    pub(crate) timed_out: bool,
     /// The broker blocked the connection (a resource alarm): the round
     /// stopped waiting at once (see `alarm`).
-    pub blocked: bool,
+    pub(crate) blocked: bool,
 }
 
 impl Round {
@@ -87,7 +87,7 @@ const PUBLISH_WINDOW: usize = 1000;
 
 /// A round whose publishes are on the wire and whose confirms are not yet
 /// awaited: what `await_round` needs to finish it.
-pub struct Issued {
+pub(crate) struct Issued {
     /// Each sent event's position in the round, with its confirm.
     pending: Vec<(usize, PublisherConfirm)>,
     /// What is already known: events that could not be sent, and the
@@ -96,7 +96,7 @@ pub struct Issued {
 }
 
 /// Both halves at once, for the rounds that retry part of a batch.
-pub async fn publish_round(
+pub(crate) async fn publish_round(
     channel: &Channel,
     exchanges: Exchanges<'_>,
     events: &[&Event],
@@ -116,7 +116,7 @@ pub async fn publish_round(
 /// when they went one by one. An event that cannot be a message (see
 /// `message::outgoing`; `frame_max` is the connection's), or whose own
 /// exchange this run found missing, is not sent and fails.
-pub async fn issue_round(
+pub(crate) async fn issue_round(
     channel: &Channel,
     exchanges: Exchanges<'_>,
     events: &[&Event],
@@ -192,7 +192,7 @@ fn account(
 
 /// Awaits the confirms of an issued round; `events` must be the ones it was
 /// issued with.
-pub async fn await_round(
+pub(crate) async fn await_round(
     issued: Issued,
     events: &[&Event],
     deadline: Instant,

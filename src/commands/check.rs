@@ -33,7 +33,7 @@ use postgres::Client;
 use serde_json::{Value, json};
 
 use crate::broker::probe;
-use crate::cli::{CheckArgs, OnPublish};
+use crate::cli::CheckArgs;
 use crate::config::{Database, Relay};
 use crate::connect::database::STATEMENT_TIMEOUT;
 use crate::connect::pg_error::READ_ONLY_ADVICE;
@@ -45,7 +45,7 @@ use crate::report::totals::Totals;
 use crate::report::{stderr, stdout};
 use crate::sql::check::{self as sql, Session};
 use crate::sql::columns;
-use crate::sql::outbox::Outbox;
+use crate::sql::outbox::{OnPublish, Outbox};
 
 /// The database's checks, in the order they run: each needs the one before.
 const DATABASE_CHECKS: [&str; 4] = ["postgresql", "table", "columns", "grants"];

@@ -36,7 +36,7 @@ fn connect(database: &Database) -> Result<Client> {
 
 /// The selection resolved for a subcommand, its sessions opened as a
 /// subcommand's are.
-pub fn plan(selection: &Selection) -> Result<Plan> {
+pub(crate) fn plan(selection: &Selection) -> Result<Plan> {
     let connect = |info: &ConnInfo| {
         database::connect(
             info,
@@ -50,7 +50,7 @@ pub fn plan(selection: &Selection) -> Result<Plan> {
 
 /// One outbox of a selection for a subcommand: its Database or why it
 /// could not be read, and its name for messages.
-pub type Each = (Result<Database>, String);
+pub(crate) type Each = (Result<Database>, String);
 
 /// Each outbox of a selection, as a subcommand serves it: its Database,
 /// or why it could not be read (a database down, a listed table missing),

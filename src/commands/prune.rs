@@ -51,7 +51,7 @@ use crate::report::stderr;
 use crate::report::totals::Totals;
 use crate::report::{plural, stdout};
 use crate::sql::columns::{self, Payload};
-use crate::sql::partitions::{self, Dropped, Refusal};
+use crate::sql::partitions::{self, DropOutcome, Refusal};
 use crate::sql::prune::{self, Kind};
 use crate::sql::table::TableName;
 
@@ -248,18 +248,20 @@ fn drop_partitions(
                         age,
                         &mut before_drop,
                     )?,
-                    false => Dropped::Busy,
+                    false => DropOutcome::Busy,
                 }
             } else {
                 detach_locked(client, table, &partition, rows)?
             };
             match outcome {
-                Dropped::Dropped(rows) => log::info!("dropped partition {partition} ({rows} rows)"),
-                Dropped::Kept => {
+                DropOutcome::Dropped(rows) => {
+                    log::info!("dropped partition {partition} ({rows} rows)")
+                }
+                DropOutcome::Kept => {
                     log::warn!("partition {partition} received an unpublished event: kept");
                     continue;
                 }
-                Dropped::Busy => {
+                DropOutcome::Busy => {
                     log::warn!(
                         "partition {partition} of table {table} is kept for now: the table \
                          stayed locked by other transactions (a concurrent detach is left \
@@ -304,11 +306,11 @@ fn finish_pending_detaches(
             true => partitions::drop_detached(client, table, &partition, &bound, age, before_drop)?,
             false => {
                 partitions::attach(client, table, &partition, &bound)?;
-                Dropped::Kept
+                DropOutcome::Kept
             }
         };
         match outcome {
-            Dropped::Dropped(rows) => {
+            DropOutcome::Dropped(rows) => {
                 log::info!("dropped partition {partition} ({rows} rows)");
                 dropped.names.push(partition.to_string());
                 dropped.rows += rows;
@@ -326,11 +328,11 @@ fn detach_locked(
     table: &TableName,
     partition: &TableName,
     rows: i64,
-) -> Result<Dropped> {
+) -> Result<DropOutcome> {
     let deadline = std::time::Instant::now() + LOCKED_DETACH_RETRIES;
     loop {
         let outcome = partitions::detach_and_drop(client, table, partition, rows)?;
-        if outcome != Dropped::Busy || std::time::Instant::now() >= deadline {
+        if outcome != DropOutcome::Busy || std::time::Instant::now() >= deadline {
             return Ok(outcome);
         }
         log::debug!("partition {partition}: the table is busy, trying again");
@@ -437,7 +439,7 @@ fn delete(
 }
 
 /// 604800 s as `7d`, 90 s as `90s`: the largest whole unit.
-pub fn short_duration(duration: Duration) -> String {
+pub(crate) fn short_duration(duration: Duration) -> String {
     let secs = duration.as_secs();
     if duration.subsec_nanos() != 0 || secs == 0 {
         return format!("{}ms", duration.as_millis());

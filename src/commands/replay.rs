@@ -43,7 +43,7 @@ use crate::report::{plural, stderr, stdout, summary};
 use crate::sql::outbox::Event;
 
 /// The header every replayed message carries: when it was replayed.
-pub const REPLAYED_AT: &str = "x-replayed-at";
+pub(crate) const REPLAYED_AT: &str = "x-replayed-at";
 
 /// Events published per round of confirms: as a poll's default batch.
 const BATCH: usize = 100;

@@ -36,7 +36,7 @@ struct NodeFailure {
 }
 
 /// The first node of `nodes` that accepts, and which one it was.
-pub async fn connect_first(
+pub(crate) async fn connect_first(
     nodes: &[AmqpNode],
     connect_timeout: Duration,
     stop: &Stop,
@@ -191,13 +191,13 @@ fn node_failure(broker: String, error: lapin::Error, tls_failure: Option<String>
 /// What the broker's refusal says, by its reply code (see exit::classify);
 /// None when the error is not the broker's word at all (a socket, a
 /// timeout).
-pub fn refusal(error: &lapin::Error) -> Option<classify::Cause> {
+pub(crate) fn refusal(error: &lapin::Error) -> Option<classify::Cause> {
     reply_code(error).map(classify::amqp)
 }
 
 /// The reply code of the broker's connection.close or channel.close behind
 /// `error`, if it is one.
-pub fn reply_code(error: &lapin::Error) -> Option<u16> {
+pub(crate) fn reply_code(error: &lapin::Error) -> Option<u16> {
     match error.kind() {
         lapin::ErrorKind::ProtocolError(amqp) => Some(amqp.get_id()),
         _ => None,

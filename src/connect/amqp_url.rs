@@ -23,23 +23,23 @@ use crate::connect::tls::{self, Identity, Trust};
 
 /// One node of the list.
 #[derive(Debug, Clone)]
-pub struct AmqpNode {
+pub(crate) struct AmqpNode {
     /// What lapin logs in with: user, password, vhost, frame_max,
     /// channel_max, heartbeat, auth_mechanism, and the host as written.
-    pub uri: AMQPUri,
+    pub(crate) uri: AMQPUri,
     /// For amqps://: how the broker's certificate is checked, the name it
     /// must bear, and the client certificate.
-    pub tls: Option<AmqpTls>,
+    pub(crate) tls: Option<AmqpTls>,
     /// The URL's connection_timeout, where it is given.
-    pub connection_timeout: Option<Duration>,
+    pub(crate) connection_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
-pub struct AmqpTls {
-    pub settings: tls::Settings,
+pub(crate) struct AmqpTls {
+    pub(crate) settings: tls::Settings,
     /// The name the certificate must bear (and SNI sends): the URL's host,
     /// or server_name_indication.
-    pub server_name: String,
+    pub(crate) server_name: String,
 }
 
 /// The query parameters of RabbitMQ's URI spec that the URI crate reads
@@ -64,7 +64,7 @@ const TLS_PARAMETERS: [&str; 5] = [
 const UNSUPPORTED: [&str; 3] = ["password", "depth", "fail_if_no_peer_cert"];
 
 /// Reads `--amqp-url`/AMQP_URL: the nodes in the order given.
-pub fn amqp_nodes(text: &str) -> Result<Vec<AmqpNode>> {
+pub(crate) fn amqp_nodes(text: &str) -> Result<Vec<AmqpNode>> {
     let urls = split_urls(text);
     if urls.is_empty() {
         bail!("the AMQP URL is empty: give amqp://USER:PASSWORD@HOST:5672/VHOST");
@@ -76,7 +76,7 @@ pub fn amqp_nodes(text: &str) -> Result<Vec<AmqpNode>> {
 /// starts right after it. A comma anywhere else belongs to the URL, as one
 /// may in a password (`amqp://u:a,b@h`): splitting there would cut the
 /// password in two and show its second half as a URL that does not parse.
-pub fn split_urls(text: &str) -> Vec<&str> {
+pub(crate) fn split_urls(text: &str) -> Vec<&str> {
     let mut urls = Vec::new();
     for word in text.split_whitespace() {
         let mut start = 0;
@@ -200,7 +200,7 @@ fn amqps(uri: &AMQPUri, shown: &str, query: &dyn Fn(&str) -> Option<String>) -> 
 }
 
 /// "host:port (vhost /)", for messages; an IPv6 address in brackets.
-pub fn describe_broker(uri: &AMQPUri) -> String {
+pub(crate) fn describe_broker(uri: &AMQPUri) -> String {
     let vhost = if uri.vhost.is_empty() {
         "\"\""
     } else {

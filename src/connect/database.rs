@@ -15,7 +15,7 @@ use crate::guard::stop::Stop;
 /// How long one statement may run. The claim and the marks touch at most one
 /// batch of rows by primary key, so anything slower is a sick server, and
 /// waiting on it would only hold row locks longer.
-pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to queue for a lock. The claim never waits (SKIP LOCKED); this
 /// bounds `migrate` and the advisory locks, so a run never sits behind a
 /// long transaction while others queue behind it.
@@ -36,7 +36,7 @@ const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 /// reclaim the outbox's dead rows behind it.
 ///
 /// The settings travel in the startup packet, costing no round trip.
-pub fn connect(
+pub(crate) fn connect(
     info: &ConnInfo,
     connect_timeout: Duration,
     idle_limit: Duration,
@@ -69,7 +69,7 @@ pub fn connect(
 /// The longest a connect to `info` can take: each host's share, for each
 /// pass over the list (prefer-standby makes two). The watchdog's budget
 /// for a connect must cover it.
-pub fn connect_budget(info: &ConnInfo, connect_timeout: Duration) -> Duration {
+pub(crate) fn connect_budget(info: &ConnInfo, connect_timeout: Duration) -> Duration {
     let passes = match info.target_session_attrs {
         TargetSessionAttrs::PreferStandby => 2,
         _ => 1,

@@ -43,15 +43,15 @@ use crate::exit::{self, classify as causes};
 use crate::guard::stop::Stop;
 
 /// What a connect needs besides the model itself.
-pub struct Request<'a> {
-    pub info: &'a ConnInfo,
+pub(crate) struct Request<'a> {
+    pub(crate) info: &'a ConnInfo,
     /// The server options of the startup packet (`-c name=value ...`).
-    pub options: String,
+    pub(crate) options: String,
     /// How long each host may take, all its attempts together.
-    pub per_host: Duration,
+    pub(crate) per_host: Duration,
     /// For every TCP host; never used where sslmode is disable.
-    pub tls: Arc<ClientConfig>,
-    pub stop: Option<&'a Stop>,
+    pub(crate) tls: Arc<ClientConfig>,
+    pub(crate) stop: Option<&'a Stop>,
 }
 
 /// What a server says about itself, for target_session_attrs.
@@ -90,7 +90,7 @@ const NOTHING_CONFIGURED: &str = "nothing says which PostgreSQL to use (no DATAB
      amqp://USER:PASSWORD@HOST:5672/%2f";
 
 /// Connects to the first host that accepts and suits target_session_attrs.
-pub fn connect(request: &Request) -> Result<Client> {
+pub(crate) fn connect(request: &Request) -> Result<Client> {
     let connected = connect_to_any(request);
     if request.info.nothing_configured {
         connected.context(NOTHING_CONFIGURED)

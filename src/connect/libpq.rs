@@ -2,7 +2,7 @@
 //! ...; see `conninfo` for what each means).
 
 /// A way to read the environment, so tests can pass their own.
-pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 /// The process environment, with empty variables treated as unset (the
 /// rule of docs/src/command-line.md for every variable; libpq itself would take

@@ -6,15 +6,15 @@
 //! the redaction that keeps passwords out of every message, and the URLs
 //! read from secret files (`secrets`).
 
-pub mod amqp;
-pub mod amqp_url;
+pub(crate) mod amqp;
+pub(crate) mod amqp_url;
 pub mod conninfo;
-pub mod database;
-pub mod hosts;
+pub(crate) mod database;
+pub(crate) mod hosts;
 pub mod libpq;
-pub mod pg_error;
-pub mod postgres_tls;
-pub mod redact;
-pub mod secrets;
-pub mod tls;
-pub mod wait;
+pub(crate) mod pg_error;
+pub(crate) mod postgres_tls;
+pub(crate) mod redact;
+pub(crate) mod secrets;
+pub(crate) mod tls;
+pub(crate) mod wait;

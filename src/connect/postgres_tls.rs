@@ -32,7 +32,7 @@ use tokio_rustls::TlsConnector;
 
 /// What became of one attempt's TLS handshake.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Handshake {
+pub(crate) enum Handshake {
     /// None was tried: the server refused TLS ('N'), or it was not asked.
     #[default]
     NotTried,
@@ -46,14 +46,14 @@ pub enum Handshake {
 }
 
 /// The connector handed to `postgres::Config::connect`.
-pub struct Rustls {
+pub(crate) struct Rustls {
     config: Arc<ClientConfig>,
     handshake: Arc<Mutex<Handshake>>,
 }
 
 impl Rustls {
     /// A connector for one attempt, and the record of its handshake.
-    pub fn new(config: Arc<ClientConfig>) -> (Rustls, Arc<Mutex<Handshake>>) {
+    pub(crate) fn new(config: Arc<ClientConfig>) -> (Rustls, Arc<Mutex<Handshake>>) {
         let handshake = Arc::new(Mutex::new(Handshake::NotTried));
         let connector = Rustls {
             config,
@@ -84,7 +84,7 @@ impl MakeTlsConnect<Socket> for Rustls {
     }
 }
 
-pub struct RustlsConnect {
+pub(crate) struct RustlsConnect {
     config: Arc<ClientConfig>,
     name: io::Result<ServerName<'static>>,
     handshake: Arc<Mutex<Handshake>>,
@@ -124,7 +124,7 @@ impl TlsConnect<Socket> for RustlsConnect {
 }
 
 /// The session over TLS, as the driver reads and writes it.
-pub struct RustlsStream(Box<tokio_rustls::client::TlsStream<Socket>>);
+pub(crate) struct RustlsStream(Box<tokio_rustls::client::TlsStream<Socket>>);
 
 impl TlsStream for RustlsStream {
     fn channel_binding(&self) -> ChannelBinding {

@@ -5,7 +5,7 @@
 /// in it is the usual reason a URL fails to parse, which is exactly when it
 /// is shown. Anything that is not such a URL is returned unchanged when it
 /// holds no `password`, and fully masked when it does.
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {
         let (userinfo, after) = match rest.rfind('@') {
             Some(at) => rest.split_at(at),

@@ -10,22 +10,22 @@ use crate::connect::amqp_url::split_urls;
 use crate::exit;
 
 /// A URL option with its variable and its file variable.
-pub struct UrlSource {
+pub(crate) struct UrlSource {
     /// The clap id of the option (its field name).
-    pub id: &'static str,
-    pub flag: &'static str,
-    pub variable: &'static str,
-    pub file_variable: &'static str,
+    pub(crate) id: &'static str,
+    pub(crate) flag: &'static str,
+    pub(crate) variable: &'static str,
+    pub(crate) file_variable: &'static str,
 }
 
-pub const DATABASE: UrlSource = UrlSource {
+pub(crate) const DATABASE: UrlSource = UrlSource {
     id: "database_url",
     flag: "--database-url",
     variable: "DATABASE_URL",
     file_variable: "DATABASE_URL_FILE",
 };
 
-pub const AMQP: UrlSource = UrlSource {
+pub(crate) const AMQP: UrlSource = UrlSource {
     id: "amqp_url",
     flag: "--amqp-url",
     variable: "AMQP_URL",
@@ -39,7 +39,7 @@ fn set(name: &str) -> Option<std::ffi::OsString> {
 
 /// Why the URL of `source` is given twice (exit 2), if it is: the file
 /// variable with the variable, or with the flag (`flag_given`).
-pub fn conflict(source: &UrlSource, flag_given: bool) -> Option<String> {
+pub(crate) fn conflict(source: &UrlSource, flag_given: bool) -> Option<String> {
     set(source.file_variable)?;
     let UrlSource {
         flag,
@@ -59,7 +59,7 @@ pub fn conflict(source: &UrlSource, flag_given: bool) -> Option<String> {
 /// its trailing newline ignored. A file that cannot be read, or holds no
 /// URL, is a configuration error (exit 78) naming the file, never its
 /// content.
-pub fn read(source: &UrlSource) -> Result<Option<String>> {
+pub(crate) fn read(source: &UrlSource) -> Result<Option<String>> {
     let Some(path) = set(source.file_variable) else {
         return Ok(None);
     };
@@ -83,7 +83,7 @@ pub fn read(source: &UrlSource) -> Result<Option<String>> {
 /// Whether `text` (one URL, a list of AMQP URLs, or a libpq key=value
 /// string) carries a password: in a URL's user information or its
 /// `password=` query parameter, or a `password` keyword.
-pub fn has_password(text: &str) -> bool {
+pub(crate) fn has_password(text: &str) -> bool {
     if !text.contains("://") {
         return keyword_password(text);
     }
@@ -125,7 +125,7 @@ fn keyword_password(text: &str) -> bool {
 }
 
 /// The one warning for the flags of `given` whose URL holds a password.
-pub fn warning(given: &[&UrlSource]) -> Option<String> {
+pub(crate) fn warning(given: &[&UrlSource]) -> Option<String> {
     if given.is_empty() {
         return None;
     }

@@ -24,7 +24,7 @@ use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, NamedGroup, 
 
 /// Whose word vouches for the server's certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Trust {
+pub(crate) enum Trust {
     /// The certificates of a PEM file, and only those (libpq's sslrootcert,
     /// RabbitMQ's cacertfile).
     File(PathBuf),
@@ -39,28 +39,28 @@ pub enum Trust {
 
 /// A client certificate and its key, both PEM files.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    pub cert: PathBuf,
-    pub key: PathBuf,
+pub(crate) struct Identity {
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
 }
 
 /// What a TLS client does.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
-    pub trust: Trust,
+pub(crate) struct Settings {
+    pub(crate) trust: Trust,
     /// Whether the certificate must also name the server (verify-full,
     /// amqps' default), or only chain up to a trusted root (verify-ca).
-    pub check_name: bool,
-    pub identity: Option<Identity>,
+    pub(crate) check_name: bool,
+    pub(crate) identity: Option<Identity>,
     /// Whether to send the server's name (SNI); rustls never sends it for
     /// an IP address.
-    pub sni: bool,
+    pub(crate) sni: bool,
     /// Offer a P-256 key first. PostgreSQL accepts only P-256 unless told
     /// otherwise (ssl_ecdh_curve = prime256v1), and a first offer of
     /// another group costs a HelloRetryRequest: a round trip more, and a
     /// post-quantum key made for nothing (a millisecond of the 6 an empty
     /// run takes). The other groups stay on offer.
-    pub p256_first: bool,
+    pub(crate) p256_first: bool,
 }
 
 /// The one provider, named rather than taken from the process default,
@@ -78,7 +78,7 @@ fn provider(p256_first: bool) -> Arc<CryptoProvider> {
 
 /// The client configuration for `settings`. Errors name the file at fault
 /// and are configuration problems for the caller to classify.
-pub fn client_config(settings: &Settings) -> Result<Arc<ClientConfig>> {
+pub(crate) fn client_config(settings: &Settings) -> Result<Arc<ClientConfig>> {
     let provider = provider(settings.p256_first);
     let algorithms = provider.signature_verification_algorithms;
     let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
@@ -123,7 +123,7 @@ pub fn client_config(settings: &Settings) -> Result<Arc<ClientConfig>> {
 
 /// The name to check the certificate against: a DNS name, or an IP address
 /// (checked against the certificate's IP addresses).
-pub fn server_name(name: &str) -> Result<ServerName<'static>> {
+pub(crate) fn server_name(name: &str) -> Result<ServerName<'static>> {
     ServerName::try_from(name.to_string())
         .map_err(|_| anyhow!("{name:?} is neither a host name nor an IP address for TLS"))
 }
@@ -132,7 +132,7 @@ pub fn server_name(name: &str) -> Result<ServerName<'static>> {
 /// it was rustls that refused ("invalid peer certificate: UnknownIssuer"),
 /// and whether it was (a certificate or protocol problem, which a rerun
 /// does not fix) rather than the network failing mid-handshake.
-pub fn describe_handshake_error(error: &io::Error) -> (String, bool) {
+pub(crate) fn describe_handshake_error(error: &io::Error) -> (String, bool) {
     match error
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())

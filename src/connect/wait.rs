@@ -22,11 +22,11 @@ use crate::guard::stop::Stop;
 
 /// How often a wait looks at the stop flag: well within the second
 /// docs/src/timeouts.md allows between a signal and the exit.
-pub const SLICE: Duration = Duration::from_millis(100);
+pub(crate) const SLICE: Duration = Duration::from_millis(100);
 
 /// How a bounded wait ended.
 #[derive(Debug)]
-pub enum Waited<T> {
+pub(crate) enum Waited<T> {
     Done(T),
     /// The bound passed first.
     TimedOut,
@@ -37,7 +37,7 @@ pub enum Waited<T> {
 /// Runs blocking `work` (a name lookup, the postgres crate's connect) on a
 /// thread of its own and waits for it at most `limit`, looking at `stop`
 /// (if the command has one) every SLICE.
-pub fn on_thread<T: Send + 'static>(
+pub(crate) fn on_thread<T: Send + 'static>(
     name: &str,
     limit: Duration,
     stop: Option<&Stop>,
@@ -72,7 +72,11 @@ pub fn on_thread<T: Send + 'static>(
 
 /// Awaits `future` at most `limit`, looking at `stop` every SLICE. Must
 /// run inside a tokio runtime with its timer enabled.
-pub async fn on_future<F: Future>(limit: Duration, stop: &Stop, future: F) -> Waited<F::Output> {
+pub(crate) async fn on_future<F: Future>(
+    limit: Duration,
+    stop: &Stop,
+    future: F,
+) -> Waited<F::Output> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut future = std::pin::pin!(future);
     loop {
@@ -89,7 +93,7 @@ pub async fn on_future<F: Future>(limit: Duration, stop: &Stop, future: F) -> Wa
 }
 
 /// The error for a wait a signal ended: "stopped by SIGTERM while `what`".
-pub fn stopped_while(exit: Exit, what: &str) -> anyhow::Error {
+pub(crate) fn stopped_while(exit: Exit, what: &str) -> anyhow::Error {
     let signal = match exit {
         Exit::Interrupted => "SIGINT",
         _ => "SIGTERM",

@@ -9,7 +9,7 @@
 
 /// What a refusal says about the next run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cause {
+pub(crate) enum Cause {
     /// The operator must change something first (exit 78).
     Config,
     /// A rerun may succeed as it is (exit 69).
@@ -51,7 +51,7 @@ const POSTGRES_NEXT_HOST: [(&str, &str); 1] = [(
 )];
 
 /// What a PostgreSQL error code (SQLSTATE) means for the run.
-pub fn postgres(sqlstate: &str) -> Cause {
+pub(crate) fn postgres(sqlstate: &str) -> Cause {
     if listed(&POSTGRES_CONFIG, sqlstate) {
         Cause::Config
     } else if listed(&POSTGRES_READ_ONLY, sqlstate) {
@@ -63,7 +63,7 @@ pub fn postgres(sqlstate: &str) -> Cause {
 
 /// Whether a server that refused our login with this SQLSTATE should be
 /// passed over for the next host rather than end the connect.
-pub fn postgres_tries_next_host(sqlstate: &str) -> bool {
+pub(crate) fn postgres_tries_next_host(sqlstate: &str) -> bool {
     listed(&POSTGRES_NEXT_HOST, sqlstate)
 }
 
@@ -99,7 +99,7 @@ const AMQP: [(u16, &str, Cause); 17] = [
 /// What an AMQP reply code means for the run. A code the spec does not
 /// list (540 not-implemented among them) is taken for an outage: nothing
 /// is blamed on an event for a refusal nobody understands.
-pub fn amqp(reply_code: u16) -> Cause {
+pub(crate) fn amqp(reply_code: u16) -> Cause {
     AMQP.iter()
         .find(|(code, _, _)| *code == reply_code)
         .map_or(Cause::Outage, |(_, _, cause)| *cause)
@@ -110,7 +110,7 @@ pub fn amqp(reply_code: u16) -> Cause {
 /// it for a message larger than max_message_size, an invalid expiration, a
 /// user_id that is not the login's. Anywhere else (a declare) it means
 /// settings that do not match, the operator's to fix.
-pub fn amqp_publish(reply_code: u16) -> Cause {
+pub(crate) fn amqp_publish(reply_code: u16) -> Cause {
     match reply_code {
         406 => Cause::Message,
         _ => amqp(reply_code),

@@ -5,7 +5,7 @@
 //! command line exits 2 from clap itself, before any of this runs.
 //! `classify` holds the tables that say whose fault a server's refusal is.
 
-pub mod classify;
+pub(crate) mod classify;
 
 use std::fmt;
 
@@ -37,7 +37,7 @@ pub enum Exit {
 }
 
 impl Exit {
-    pub fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Exit::Success => 0,
             Exit::EventsFailed => 1,
@@ -56,7 +56,7 @@ impl Exit {
     }
 
     /// The exit for a run's result.
-    pub fn of_result(result: &anyhow::Result<Exit>) -> Exit {
+    pub(crate) fn of_result(result: &anyhow::Result<Exit>) -> Exit {
         match result {
             Ok(exit) => *exit,
             Err(error) => Exit::of(error),
@@ -72,7 +72,7 @@ impl From<Exit> for std::process::ExitCode {
 
 /// An error whose kind decides the exit code.
 #[derive(Debug)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// A server or the network failed us. Never the events' fault, so no
     /// attempt is counted against them.
     Outage(anyhow::Error),
@@ -84,7 +84,7 @@ pub enum Failure {
 }
 
 impl Failure {
-    pub fn exit(&self) -> Exit {
+    pub(crate) fn exit(&self) -> Exit {
         match self {
             Failure::Outage(_) => Exit::Unavailable,
             Failure::Config(_) => Exit::Config,
@@ -106,17 +106,17 @@ impl fmt::Display for Failure {
 impl std::error::Error for Failure {}
 
 /// Wraps an error as an outage (exit 69).
-pub fn outage(error: impl Into<anyhow::Error>) -> anyhow::Error {
+pub(crate) fn outage(error: impl Into<anyhow::Error>) -> anyhow::Error {
     Failure::Outage(error.into()).into()
 }
 
 /// Wraps an error as a configuration problem (exit 78).
-pub fn config(error: impl Into<anyhow::Error>) -> anyhow::Error {
+pub(crate) fn config(error: impl Into<anyhow::Error>) -> anyhow::Error {
     Failure::Config(error.into()).into()
 }
 
 /// Wraps what a signal interrupted: the exit is the signal's (130, 143).
-pub fn stopped(exit: Exit, error: impl Into<anyhow::Error>) -> anyhow::Error {
+pub(crate) fn stopped(exit: Exit, error: impl Into<anyhow::Error>) -> anyhow::Error {
     Failure::Stopped(exit, error.into()).into()
 }
 

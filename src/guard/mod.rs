@@ -1,5 +1,5 @@
 //! What bounds a run: the watchdog, the last bound on every phase, and the
 //! signals that stop it at the next safe point.
 
-pub mod stop;
-pub mod watchdog;
+pub(crate) mod stop;
+pub(crate) mod watchdog;

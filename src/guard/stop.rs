@@ -14,10 +14,10 @@ use signal_hook::flag;
 use crate::exit::Exit;
 
 #[derive(Clone)]
-pub struct Stop(Arc<AtomicUsize>);
+pub(crate) struct Stop(Arc<AtomicUsize>);
 
 impl Stop {
-    pub fn install() -> Result<Self> {
+    pub(crate) fn install() -> Result<Self> {
         let received = Arc::new(AtomicUsize::new(0));
         let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         for (signal, exit) in [(SIGINT, Exit::Interrupted), (SIGTERM, Exit::Terminated)] {
@@ -35,12 +35,12 @@ impl Stop {
     /// A Stop no signal sets, for a command that installs no handler (a
     /// signal ends it at once, see `commands`) but calls a wait that takes
     /// one.
-    pub fn unarmed() -> Self {
+    pub(crate) fn unarmed() -> Self {
         Stop(Arc::new(AtomicUsize::new(0)))
     }
 
     /// The exit for the signal received, if any.
-    pub fn requested(&self) -> Option<Exit> {
+    pub(crate) fn requested(&self) -> Option<Exit> {
         match self.0.load(Ordering::SeqCst) {
             0 => None,
             signal if signal == SIGINT as usize => Some(Exit::Interrupted),

@@ -26,7 +26,7 @@ use crate::report::totals::Totals;
 /// Added to every budget: the bounds it sums are the servers' and the
 /// driver's, and a command that is merely slow must not be taken for a hung
 /// one.
-pub const MARGIN: Duration = Duration::from_secs(5);
+pub(crate) const MARGIN: Duration = Duration::from_secs(5);
 
 /// How long `on_fire` may take before the process exits without it: it
 /// writes to stdout, and a reader that stopped reading would block it for
@@ -43,14 +43,14 @@ struct Armed {
     totals: Totals,
 }
 
-pub struct Watchdog {
+pub(crate) struct Watchdog {
     state: Arc<(Mutex<Armed>, Condvar)>,
 }
 
 impl Watchdog {
     /// Starts the thread, disarmed. `on_fire` runs just before the exit (it
     /// prints the --json summary, which docs/src/command-line.md promises whatever happens).
-    pub fn spawn(on_fire: impl Fn(&Totals) + Send + Sync + 'static) -> Result<Self> {
+    pub(crate) fn spawn(on_fire: impl Fn(&Totals) + Send + Sync + 'static) -> Result<Self> {
         let state = Arc::new((Mutex::new(Armed::default()), Condvar::new()));
         let shared = Arc::clone(&state);
         let on_fire: OnFire = Arc::new(on_fire);
@@ -63,7 +63,7 @@ impl Watchdog {
 
     /// Gives the phase `what` at most `budget` from now. `totals` are the
     /// figures already committed, reported if the watchdog fires.
-    pub fn arm(&self, budget: Duration, what: &'static str, totals: Totals) {
+    pub(crate) fn arm(&self, budget: Duration, what: &'static str, totals: Totals) {
         let (lock, wake) = &*self.state;
         // A poisoned lock can only mean the watchdog thread died; the run
         // then goes on unguarded rather than failing for it.
@@ -77,7 +77,7 @@ impl Watchdog {
     /// One budget for a whole short command (status, requeue): connecting,
     /// then `statements` statements, each bounded by the server's
     /// statement_timeout.
-    pub fn for_command(
+    pub(crate) fn for_command(
         connect_budget: Duration,
         statements: u32,
         what: &'static str,
@@ -89,7 +89,7 @@ impl Watchdog {
     }
 
     /// Nothing left to guard: the run is about to exit on its own.
-    pub fn disarm(&self) {
+    pub(crate) fn disarm(&self) {
         if let Ok(mut armed) = self.state.0.lock() {
             armed.deadline = None;
         }

@@ -10,7 +10,7 @@
 //! prepares nothing and claims nothing. Only the tables with due events
 //! get sessions, statements and claims.
 
-pub mod pattern;
+pub(crate) mod pattern;
 
 use std::path::Path;
 use std::time::Duration;
@@ -39,56 +39,55 @@ const DUE_CHUNK: usize = 100;
 /// One database to serve, as a `--databases` line (or `--database-url`)
 /// resolved.
 #[derive(Debug, Clone)]
-pub struct Server {
-    pub conninfo: ConnInfo,
+pub(crate) struct Server {
+    pub(crate) conninfo: ConnInfo,
     /// `host:port/dbname`, never a password: what messages and the JSON
     /// summary call it, and what the shard hash reads.
-    pub label: String,
+    pub(crate) label: String,
 }
 
 /// What a run over many outboxes selects.
 #[derive(Debug, Clone)]
 pub struct Selection {
-    pub servers: Vec<Server>,
-    pub entries: Vec<Entry>,
+    pub(crate) servers: Vec<Server>,
+    pub(crate) entries: Vec<Entry>,
     /// `--table` as given, for messages.
-    pub spec: String,
-    pub shard: Option<Shard>,
-    pub max_connections: usize,
-    pub max_attempts: i32,
+    pub(crate) spec: String,
+    pub(crate) shard: Option<Shard>,
+    pub(crate) max_connections: usize,
+    pub(crate) max_attempts: i32,
     pub connect_timeout: Duration,
 }
 
 /// One outbox of the plan.
 #[derive(Debug, Clone)]
-pub struct Planned {
+pub(crate) struct Planned {
     /// Its database and its table, for the sessions that serve it.
-    pub database: Database,
+    pub(crate) database: Database,
     /// Which of the selection's servers.
-    pub server: usize,
-    pub label: String,
+    pub(crate) server: usize,
+    pub(crate) label: String,
     /// Whether the plan saw a due event in it (or could not tell).
-    pub due: bool,
+    pub(crate) due: bool,
 }
 
 /// A database the plan could not read: its outboxes are unknown.
 #[derive(Debug)]
-pub struct Unread {
-    pub server: usize,
-    pub label: String,
+pub(crate) struct Unread {
+    pub(crate) label: String,
     /// The table, when the database was read but a listed name is not in
     /// it; None when the database itself could not be read.
-    pub table: Option<String>,
-    pub error: anyhow::Error,
+    pub(crate) table: Option<String>,
+    pub(crate) error: anyhow::Error,
 }
 
 /// Every outbox of the selection in this shard, and the databases that
 /// could not be read; `clients` holds the sessions the plan opened, for
 /// the run to go on with.
 pub struct Plan {
-    pub outboxes: Vec<Planned>,
-    pub unread: Vec<Unread>,
-    pub clients: Vec<(usize, Client)>,
+    pub(crate) outboxes: Vec<Planned>,
+    pub(crate) unread: Vec<Unread>,
+    pub(crate) clients: Vec<(usize, Client)>,
 }
 
 impl Selection {
@@ -133,7 +132,7 @@ impl Selection {
     }
 
     /// The outbox `table` of server `index`, as a Database.
-    pub fn database(&self, index: usize, table: TableName) -> Database {
+    pub(crate) fn database(&self, index: usize, table: TableName) -> Database {
         Database {
             conninfo: self.servers[index].conninfo.clone(),
             table,
@@ -151,7 +150,7 @@ impl Selection {
     /// one opens its own, so no more than --max-connections are ever open.
     /// `connect` opens them (the relay's sessions plan generically and
     /// bound their transactions for a batch).
-    pub fn plan(
+    pub(crate) fn plan(
         &self,
         due: bool,
         connect: &(dyn Fn(&ConnInfo) -> Result<Client> + Sync),
@@ -186,7 +185,6 @@ impl Selection {
                     Ok(read) => read,
                     Err(error) => {
                         plan.unread.push(Unread {
-                            server: index,
                             label: server.label.clone(),
                             table: None,
                             error,
@@ -201,7 +199,6 @@ impl Selection {
                          `outbox-poll migrate --table {name}`, or take it out of the list"
                     ));
                     plan.unread.push(Unread {
-                        server: index,
                         label: server.label.clone(),
                         table: Some(name),
                         error,
@@ -278,7 +275,7 @@ impl Selection {
 /// `host:port/dbname/schema.table`, modulo the count. Written out rather
 /// than std's hasher, whose seed changes with every process: every run,
 /// on every machine and every build, must put an outbox in the same shard.
-pub fn shard_of(label: &str, table: &TableName, count: u32) -> u32 {
+pub(crate) fn shard_of(label: &str, table: &TableName, count: u32) -> u32 {
     let key = format!("{label}/{table}");
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in key.bytes() {
@@ -289,7 +286,7 @@ pub fn shard_of(label: &str, table: &TableName, count: u32) -> u32 {
 }
 
 /// `host:port/dbname` (every host of a list, comma-separated).
-pub fn label(info: &ConnInfo) -> String {
+pub(crate) fn label(info: &ConnInfo) -> String {
     let hosts: Vec<String> = info.targets.iter().map(ToString::to_string).collect();
     format!("{}/{}", hosts.join(","), info.dbname)
 }
@@ -461,7 +458,11 @@ fn due_unless_empty(
 /// role may not read, one without the relay's columns) is asked again
 /// table by table, and a table that still fails counts as due: its own
 /// claim then reports what is wrong with it, and only it.
-pub fn due_tables(client: &mut Client, tables: &[TableName], max_attempts: i32) -> Vec<bool> {
+pub(crate) fn due_tables(
+    client: &mut Client,
+    tables: &[TableName],
+    max_attempts: i32,
+) -> Vec<bool> {
     let mut due = vec![false; tables.len()];
     for (chunk, names) in tables.chunks(DUE_CHUNK).enumerate() {
         let first = chunk * DUE_CHUNK;

@@ -8,7 +8,7 @@ use crate::sql::table::TableName;
 
 /// One entry of the list.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Entry {
+pub(crate) enum Entry {
     /// A name, found in the search path when it has no schema, as today.
     Name(TableName),
     /// A pattern: over schemas (None: those of the search path) and names.
@@ -20,12 +20,12 @@ pub enum Entry {
 
 /// Whether `--table` names more than one plain table (a list, or a
 /// pattern): such a run resolves its outboxes from the catalog.
-pub fn is_many(spec: &str) -> bool {
+pub(crate) fn is_many(spec: &str) -> bool {
     split_list(spec).len() > 1 || has_wildcard(spec)
 }
 
 /// Parses the list; a bad entry is named in the error.
-pub fn parse(spec: &str) -> Result<Vec<Entry>, String> {
+pub(crate) fn parse(spec: &str) -> Result<Vec<Entry>, String> {
     let mut entries = Vec::new();
     for item in split_list(spec) {
         let item = item.trim();
@@ -103,7 +103,7 @@ fn pattern(item: &str) -> Result<Entry, String> {
 /// characters, `?` one, `[...]` one of a set (`[!...]` or `[^...]` none
 /// of it); every other character stands for itself. Parts fold to lower
 /// case, as PostgreSQL folds unquoted identifiers.
-pub fn glob_regex(glob: &str) -> Result<String, String> {
+pub(crate) fn glob_regex(glob: &str) -> Result<String, String> {
     if glob.is_empty() {
         return Err("an empty part".into());
     }

@@ -20,7 +20,7 @@ use crate::sql::outbox::{Event, Start};
 
 /// Why a batch ended before anything was published.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Ended {
+pub(crate) enum Ended {
     /// Nothing was due.
     Empty,
     /// --ordered and another run holds the table's lock.
@@ -33,7 +33,7 @@ pub enum Ended {
 
 /// A batch claimed and handed to the broker: its transaction open (its rows
 /// locked), its confirms on their way.
-pub struct InFlight {
+pub(crate) struct InFlight {
     /// The events sent.
     events: Vec<Event>,
     /// None when every event claimed had expired: nothing was sent, and
@@ -54,24 +54,24 @@ impl InFlight {
     }
 
     /// How many events the batch claimed.
-    pub fn claimed(&self) -> usize {
+    pub(crate) fn claimed(&self) -> usize {
         self.events.len() + self.expired.len()
     }
 
     /// The last id claimed: the highest, for a plain claim, which is in id
     /// order (and never empty).
-    pub fn last_id(&self) -> i64 {
+    pub(crate) fn last_id(&self) -> i64 {
         self.all().map(|event| event.id).max().unwrap_or(i64::MIN)
     }
 
     /// The payload bytes the batch holds, for --batch-bytes.
-    pub fn bytes(&self) -> i64 {
+    pub(crate) fn bytes(&self) -> i64 {
         let bytes: usize = self.all().map(|event| event.payload.len()).sum();
         i64::try_from(bytes).unwrap_or(i64::MAX)
     }
 
     /// The last key claimed, in the order of an --ordered-by-key claim.
-    pub fn last_key(&self) -> Option<&str> {
+    pub(crate) fn last_key(&self) -> Option<&str> {
         self.events
             .iter()
             .rev()
@@ -83,7 +83,7 @@ impl InFlight {
 /// What `open` left. One per batch, moved at once into the drain's flight:
 /// boxing the large variant would only add an allocation.
 #[allow(clippy::large_enum_variant)]
-pub enum Opened {
+pub(crate) enum Opened {
     InFlight(InFlight),
     /// Nothing to settle: the transaction is already over.
     Ended(Ended),
@@ -99,7 +99,7 @@ pub enum Opened {
 /// duplicate at worst, never a loss. The claim starts where `start` says,
 /// and holds about `bytes` of payloads at most.
 #[allow(clippy::too_many_arguments)]
-pub fn open(
+pub(crate) fn open(
     session: &mut Session,
     relay: &Relay,
     broker: &mut Broker,
@@ -190,7 +190,7 @@ fn claim_and_send(
 /// An outage ends the batch like any other outcome: what was confirmed is
 /// marked and committed, and the events with no answer are left exactly as
 /// they were (no attempt counted: the broker failing is not their fault).
-pub fn settle(
+pub(crate) fn settle(
     session: &mut Session,
     batch: InFlight,
     broker: &mut Broker,

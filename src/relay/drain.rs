@@ -22,22 +22,22 @@ use crate::report::traces::Traces;
 use crate::sql::outbox::{Order, Start};
 
 /// What every batch of a run shares.
-pub struct Drain<'a> {
-    pub database: &'a Database,
-    pub relay: &'a Relay,
-    pub watchdog: &'a Watchdog,
-    pub stop: &'a Stop,
-    pub broker: &'a mut Broker,
-    pub progress: &'a mut Progress,
-    pub totals: &'a mut Totals,
-    pub started: Instant,
+pub(crate) struct Drain<'a> {
+    pub(crate) database: &'a Database,
+    pub(crate) relay: &'a Relay,
+    pub(crate) watchdog: &'a Watchdog,
+    pub(crate) stop: &'a Stop,
+    pub(crate) broker: &'a mut Broker,
+    pub(crate) progress: &'a mut Progress,
+    pub(crate) totals: &'a mut Totals,
+    pub(crate) started: Instant,
     /// How many sessions the run may have: one for each batch in flight,
     /// fewer once the server has refused one more. Kept for the whole run,
     /// so that a follow, whose sessions go and come with each burst, tries
     /// and warns only once.
-    pub session_limit: usize,
+    pub(crate) session_limit: usize,
     /// The run's traces, when it exports them.
-    pub traces: Option<&'a Traces>,
+    pub(crate) traces: Option<&'a Traces>,
 }
 
 /// The batches in flight, oldest first, each with the index of its session.
@@ -127,7 +127,7 @@ impl Drain<'_> {
     /// or channel close can be blamed on another batch's events. Batches are
     /// settled in the order they were sent, so a batch's confirm deadline
     /// has always passed or been met before the next one's.
-    pub fn run(&mut self, sessions: &mut Vec<Session>) -> Result<()> {
+    pub(crate) fn run(&mut self, sessions: &mut Vec<Session>) -> Result<()> {
         let mut sessions = Sessions {
             // Session 0 first: with --follow, later rounds find the
             // sessions an earlier backlog opened, all idle.

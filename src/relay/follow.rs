@@ -67,7 +67,7 @@ const LINGER: Duration = Duration::from_secs(2);
 impl Drain<'_> {
     /// Rounds of batches until --max-duration, --max-batches, a signal or
     /// a failure. `sessions` holds the run's first session, which listens.
-    pub fn follow(&mut self, sessions: &mut Vec<Session>) -> Result<()> {
+    pub(crate) fn follow(&mut self, sessions: &mut Vec<Session>) -> Result<()> {
         let budget = 2 * STATEMENT_TIMEOUT + MARGIN;
         self.watchdog
             .arm(budget, "listening for new events", *self.totals);

@@ -38,7 +38,7 @@ use crate::relay::wake::{LOOK_EVERY, Tables, Wake};
 use crate::report::metrics;
 use crate::report::stderr;
 use crate::report::summary;
-use crate::report::totals::Totals;
+use crate::report::totals::{Outcome, Totals};
 use crate::sql::outbox::{Order, Start};
 
 /// The longest one wait lasts before the run looks at the signals and
@@ -46,15 +46,6 @@ use crate::sql::outbox::{Order, Start};
 const SLICE: Duration = Duration::from_millis(250);
 /// How long after its last batch a follow keeps the broker connection.
 const LINGER: Duration = Duration::from_secs(2);
-
-/// What became of one outbox.
-#[derive(Debug)]
-pub struct Outcome {
-    pub database: String,
-    pub table: String,
-    pub totals: Totals,
-    pub exit: Exit,
-}
 
 /// One outbox being served.
 struct Lane {

@@ -10,9 +10,9 @@
 //! PostgreSQL session with the relay's statements prepared, `wake` the
 //! listeners of a follow over many outboxes.
 
-pub mod batch;
-pub mod drain;
-pub mod follow;
+pub(crate) mod batch;
+pub(crate) mod drain;
+pub(crate) mod follow;
 pub mod many;
 pub mod session;
 pub mod wake;

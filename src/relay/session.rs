@@ -34,7 +34,7 @@ use crate::guard::stop::Stop;
 use crate::sql::outbox::{Event, Outbox, Start};
 
 /// Why a batch's COMMIT did not go through.
-pub enum Uncommitted {
+pub(crate) enum Uncommitted {
     /// The server refused it, or it never reached the server: the
     /// transaction is rolled back, nothing was marked.
     RolledBack(anyhow::Error),
@@ -43,8 +43,8 @@ pub enum Uncommitted {
     Unknown(anyhow::Error),
 }
 
-pub struct Session {
-    pub client: Client,
+pub(crate) struct Session {
+    pub(crate) client: Client,
     outbox: Outbox,
     /// A run over many outboxes: the statements prepared for the other
     /// tables of this database that the session served, kept for their
@@ -55,14 +55,18 @@ pub struct Session {
 impl Session {
     /// Connects (a signal ends the wait at once) and prepares the relay's
     /// statements.
-    pub fn open(database: &Database, relay: &Relay, stop: &Stop) -> Result<Self> {
+    pub(crate) fn open(database: &Database, relay: &Relay, stop: &Stop) -> Result<Self> {
         let client = connect(&database.conninfo, database.connect_timeout, relay, stop)?;
         Session::with_client(client, database, relay)
     }
 
     /// Prepares the relay's statements for `database`'s table on a session
     /// already open (see `connect`).
-    pub fn with_client(mut client: Client, database: &Database, relay: &Relay) -> Result<Self> {
+    pub(crate) fn with_client(
+        mut client: Client,
+        database: &Database,
+        relay: &Relay,
+    ) -> Result<Self> {
         let outbox = prepare(&mut client, database, relay)?;
         Ok(Session {
             client,
@@ -74,7 +78,7 @@ impl Session {
     /// Makes `database`'s table (in this session's database) the one the
     /// next batch claims from, preparing its statements the first time.
     /// Only between batches: the marks apply to the current table's claim.
-    pub fn serve(&mut self, database: &Database, relay: &Relay) -> Result<()> {
+    pub(crate) fn serve(&mut self, database: &Database, relay: &Relay) -> Result<()> {
         if *self.outbox.table() == database.table {
             return Ok(());
         }
@@ -91,7 +95,7 @@ impl Session {
         Ok(())
     }
 
-    pub fn begin(&mut self) -> Result<()> {
+    pub(crate) fn begin(&mut self) -> Result<()> {
         self.control(
             "BEGIN",
             "starting a transaction",
@@ -99,7 +103,7 @@ impl Session {
         )
     }
 
-    pub fn commit(&mut self) -> Result<()> {
+    pub(crate) fn commit(&mut self) -> Result<()> {
         self.control(
             "COMMIT",
             "committing the batch",
@@ -112,7 +116,7 @@ impl Session {
     /// drops before its answer arrives: then the COMMIT may have been
     /// carried out or not, and nobody can tell. With nothing marked, either
     /// way leaves the table as it was.
-    pub fn commit_marks(&mut self, marked: usize) -> Result<(), Uncommitted> {
+    pub(crate) fn commit_marks(&mut self, marked: usize) -> Result<(), Uncommitted> {
         let Err(error) = self.client.batch_execute("COMMIT") else {
             return Ok(());
         };
@@ -144,33 +148,33 @@ impl Session {
     /// rows), and the session may still be used (the metrics backlog). If
     /// even this fails the connection is gone, and the server has rolled
     /// back.
-    pub fn roll_back(&mut self) {
+    pub(crate) fn roll_back(&mut self) {
         let _ = self.client.batch_execute("ROLLBACK");
     }
 
     /// Whether this transaction may claim (see `Outbox::before_claim`): in
     /// --ordered mode, whether the table's lock was free.
-    pub fn before_claim(&mut self) -> Result<bool> {
+    pub(crate) fn before_claim(&mut self) -> Result<bool> {
         self.outbox.before_claim(&mut self.client)
     }
 
     /// Whether any event is due (see Outbox::any_due), outside any
     /// transaction.
-    pub fn any_due(&mut self) -> Result<bool> {
+    pub(crate) fn any_due(&mut self) -> Result<bool> {
         self.outbox.any_due(&mut self.client)
     }
 
     /// Claims up to `limit` due events, starting where `start` says,
     /// holding about `bytes` of payloads at most (see Outbox::claim). The
     /// marks that follow apply to this claim's batch.
-    pub fn claim(&mut self, limit: i64, start: &Start, bytes: i64) -> Result<Vec<Event>> {
+    pub(crate) fn claim(&mut self, limit: i64, start: &Start, bytes: i64) -> Result<Vec<Event>> {
         self.outbox.claim(&mut self.client, limit, start, bytes)
     }
 
     /// The marks for what the broker said, and for the events that had
     /// expired (never sent), in the batch's transaction: one statement per
     /// outcome.
-    pub fn mark(&mut self, outcome: &Outcome, expired: &[i64]) -> Result<()> {
+    pub(crate) fn mark(&mut self, outcome: &Outcome, expired: &[i64]) -> Result<()> {
         let outbox = &self.outbox;
         outbox.mark_published(&mut self.client, &outcome.confirmed)?;
         outbox.mark_failed(&mut self.client, &outcome.failed)?;
@@ -181,7 +185,7 @@ impl Session {
 
 /// A relay session, its statements not prepared yet: plans generic, each
 /// transaction bounded for a batch (a signal ends the connect at once).
-pub fn connect(
+pub(crate) fn connect(
     info: &ConnInfo,
     connect_timeout: std::time::Duration,
     relay: &Relay,
@@ -212,7 +216,7 @@ pub const GENERIC_PLANS: &str = "-c plan_cache_mode=force_generic_plan";
 
 /// The session's settings with generic plans added, after any options the
 /// database URL gives.
-pub fn generic_plans(info: &ConnInfo) -> ConnInfo {
+pub(crate) fn generic_plans(info: &ConnInfo) -> ConnInfo {
     let mut info = info.clone();
     info.options = Some(match info.options.take() {
         Some(theirs) => format!("{theirs} {GENERIC_PLANS}"),

@@ -10,7 +10,7 @@ use crate::report::stdout;
 use crate::sql::columns::Payload;
 use crate::sql::outbox::Event;
 
-pub fn print(events: &[Event]) -> Result<()> {
+pub(crate) fn print(events: &[Event]) -> Result<()> {
     for event in events {
         if stdout::is_closed() {
             break;

@@ -24,9 +24,8 @@ use postgres::Client;
 
 use crate::config::{Database, Relay};
 use crate::exit::{self, Exit};
-use crate::relay::many::Outcome;
 use crate::report::stderr;
-use crate::report::totals::Totals;
+use crate::report::totals::{Outcome, Totals};
 use crate::sql::figures::{self, Figures};
 
 /// What the metrics file tells of the table after the run: the backlog as
@@ -44,7 +43,7 @@ pub struct Backlog {
 /// The backlog for the metrics file, read on the run's own connection
 /// (no second connect): `None` when no file is wanted or it cannot be read,
 /// for instance after the connection was lost.
-pub fn backlog(client: &mut Client, database: &Database, relay: &Relay) -> Option<Backlog> {
+pub(crate) fn backlog(client: &mut Client, database: &Database, relay: &Relay) -> Option<Backlog> {
     relay.metrics_file.as_ref()?;
     let figures = match figures::of_table(client, &database.table, database.max_attempts) {
         Ok(figures) => figures,
@@ -70,7 +69,7 @@ pub fn backlog(client: &mut Client, database: &Database, relay: &Relay) -> Optio
 
 /// Writes the metrics file if --metrics-file asks for one; hands back the
 /// run's result, or a configuration error if the file could not be written.
-pub fn after_run(
+pub(crate) fn after_run(
     database: &Database,
     relay: &Relay,
     totals: &Totals,
@@ -109,7 +108,7 @@ pub fn after_run(
 /// As `after_run`, for a run over many outboxes: the run's gauges for
 /// each outbox, labelled with its database and table (no backlog: that
 /// would be a status query on every table of the selection).
-pub fn after_many(
+pub(crate) fn after_many(
     relay: &Relay,
     outboxes: &[Outcome],
     totals: &Totals,

@@ -18,7 +18,7 @@ use crate::sql::figures;
 const GRACE: Duration = Duration::from_secs(1);
 
 /// Inactive (and free) unless a bar may be drawn.
-pub struct Progress(Option<Active>);
+pub(crate) struct Progress(Option<Active>);
 
 struct Active {
     started: Instant,
@@ -29,7 +29,7 @@ struct Active {
 
 impl Progress {
     /// Counts the due backlog (one cheap query), if a bar may be drawn.
-    pub fn new(client: &mut Client, database: &Database, relay: &Relay) -> Progress {
+    pub(crate) fn new(client: &mut Client, database: &Database, relay: &Relay) -> Progress {
         if !relay.drain || !can_redraw() {
             return Progress(None);
         }
@@ -40,7 +40,7 @@ impl Progress {
 
     /// For a run of `total` events known beforehand (a replay), if a bar
     /// may be drawn.
-    pub fn of_total(total: u64) -> Progress {
+    pub(crate) fn of_total(total: u64) -> Progress {
         match can_redraw() {
             true => Progress::active(total),
             false => Progress(None),
@@ -56,7 +56,7 @@ impl Progress {
     }
 
     /// After each batch.
-    pub fn update(&mut self, totals: &Totals) {
+    pub(crate) fn update(&mut self, totals: &Totals) {
         let Some(progress) = &mut self.0 else { return };
         let elapsed = progress.started.elapsed();
         if progress.bar.is_none() && elapsed < GRACE {
@@ -85,7 +85,7 @@ impl Progress {
     }
 
     /// When the drain ends: the final figures stay on screen.
-    pub fn done(mut self, totals: &Totals) {
+    pub(crate) fn done(mut self, totals: &Totals) {
         self.update(totals);
         if let Some(bar) = self.0.and_then(|progress| progress.bar) {
             bar.finish();

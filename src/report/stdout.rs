@@ -19,12 +19,12 @@ use crate::exit;
 static CLOSED: AtomicBool = AtomicBool::new(false);
 
 /// Writes `text` and a newline.
-pub fn line(text: &str) -> io::Result<()> {
+pub(crate) fn line(text: &str) -> io::Result<()> {
     write(format!("{text}\n").as_bytes())
 }
 
 /// Writes `bytes` as they are.
-pub fn write(bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write(bytes: &[u8]) -> io::Result<()> {
     if is_closed() {
         return Ok(());
     }
@@ -40,14 +40,14 @@ pub fn write(bytes: &[u8]) -> io::Result<()> {
 
 /// Whether the reader of stdout has gone: output nobody reads need not be
 /// produced (a dry run stops printing its lines).
-pub fn is_closed() -> bool {
+pub(crate) fn is_closed() -> bool {
     CLOSED.load(Ordering::SeqCst)
 }
 
 /// A write that failed for another reason than a closed pipe: the output
 /// the operator asked for cannot be delivered, so the operator must look
 /// (exit 78, like an unwritable metrics file).
-pub fn unwritable(error: io::Error) -> anyhow::Error {
+pub(crate) fn unwritable(error: io::Error) -> anyhow::Error {
     exit::config(anyhow!(
         "cannot write to stdout: {error}; check where stdout goes (a full disk, a closed file)"
     ))

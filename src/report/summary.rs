@@ -8,16 +8,15 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::exit::Exit;
-use crate::relay::many::Outcome;
 use crate::report::stderr;
 use crate::report::stdout;
-use crate::report::totals::Totals;
+use crate::report::totals::{Outcome, Totals};
 
 /// Prints the summary of a run that ended with `result`. A summary that
 /// cannot be written is reported the way an unwritable metrics file is:
 /// exit 78 if the run was otherwise fine, else the run's own exit stands
 /// and a warning says why.
-pub fn after_run(totals: &Totals, started: Instant, result: Result<Exit>) -> Result<Exit> {
+pub(crate) fn after_run(totals: &Totals, started: Instant, result: Result<Exit>) -> Result<Exit> {
     match (print(totals, started, Exit::of_result(&result)), result) {
         (Ok(()), result) => result,
         (Err(error), Ok(Exit::Success)) => Err(stdout::unwritable(error)),
@@ -32,7 +31,7 @@ pub fn after_run(totals: &Totals, started: Instant, result: Result<Exit>) -> Res
 
 /// As `after_run`, for a run over many outboxes: with more than one, the
 /// totals are followed by `outboxes`, one object for each.
-pub fn after_many(
+pub(crate) fn after_many(
     totals: &Totals,
     outboxes: &[Outcome],
     started: Instant,
@@ -72,7 +71,7 @@ pub fn after_many(
 }
 
 /// The summary object, as the run ends with `exit`.
-pub fn print(totals: &Totals, started: Instant, exit: Exit) -> std::io::Result<()> {
+pub(crate) fn print(totals: &Totals, started: Instant, exit: Exit) -> std::io::Result<()> {
     stdout::line(&object(totals, started, exit).to_string())
 }
 

@@ -40,13 +40,13 @@ use crate::sql::outbox::Event;
 /// The longest a run waits at its end for the collector to take the last
 /// spans; `OTEL_EXPORTER_OTLP_TIMEOUT` shortens it. An unreachable
 /// collector delays the exit by this much at most, and never fails it.
-pub const FLUSH_BOUND: Duration = Duration::from_secs(2);
+pub(crate) const FLUSH_BOUND: Duration = Duration::from_secs(2);
 
 const SERVICE_NAME: &str = "outbox-poll";
 
 /// A run's tracing: the provider (its exporter and batch processor), and
 /// the run's span, the parent of every batch's.
-pub struct Traces {
+pub(crate) struct Traces {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     run: Context,
@@ -63,7 +63,7 @@ pub struct Traces {
 
 /// A batch's span and the spans of the events it handed to the broker, in
 /// the order of the batch's events.
-pub struct BatchTrace {
+pub(crate) struct BatchTrace {
     batch: Context,
     publishes: Vec<Span>,
     began: Instant,
@@ -74,7 +74,7 @@ impl Traces {
     /// nothing built, unless an OTLP endpoint is set. A configuration the
     /// exporter refuses (an endpoint that is no URL) is told on stderr and
     /// the run goes on without traces.
-    pub fn from_env(database: &Database, relay: &Relay) -> Option<Traces> {
+    pub(crate) fn from_env(database: &Database, relay: &Relay) -> Option<Traces> {
         let Some(endpoint) = endpoint() else {
             log::debug!(
                 "traces: no OTLP endpoint set (OTEL_EXPORTER_OTLP_ENDPOINT, \
@@ -131,7 +131,11 @@ impl Traces {
     /// linked to the producer's traceparent where the event's headers carry
     /// one. An event without one gets the publish span's context as its
     /// `traceparent` header, so the consumer's spans follow the relay's.
-    pub fn publishing(&self, began: (SystemTime, Instant), events: &mut [Event]) -> BatchTrace {
+    pub(crate) fn publishing(
+        &self,
+        began: (SystemTime, Instant),
+        events: &mut [Event],
+    ) -> BatchTrace {
         let batch = SpanBuilder::from_name("outbox-poll batch")
             .with_kind(SpanKind::Internal)
             .with_start_time(began.0)
@@ -181,7 +185,7 @@ impl Traces {
     /// Ends a batch's spans once its transaction committed (or failed):
     /// each publish span with what the broker said of its event, the
     /// batch's with its figures.
-    pub fn settled(
+    pub(crate) fn settled(
         &self,
         trace: BatchTrace,
         events: &[Event],
@@ -234,7 +238,7 @@ impl Traces {
 
     /// Ends the run's span with its exit code and totals, and waits for the
     /// collector to take every span, at most the bound.
-    pub fn finish(self, exit: Exit, totals: &Totals, started: Instant) {
+    pub(crate) fn finish(self, exit: Exit, totals: &Totals, started: Instant) {
         let run = self.run.span();
         let code = exit.code();
         run.set_attributes([

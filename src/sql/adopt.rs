@@ -24,17 +24,17 @@ use crate::sql::names::{ADOPTED_ID, Names, ROLES};
 use crate::sql::table::{TableName, quote};
 
 /// The table as adopt reads it: its columns, primary key and indexes.
-pub struct Found {
-    pub catalog: Catalog,
+pub(crate) struct Found {
+    pub(crate) catalog: Catalog,
     /// The primary key's columns, in no particular order.
-    pub primary_key: Vec<String>,
+    pub(crate) primary_key: Vec<String>,
     /// The names of the table's indexes.
-    pub indexes: Vec<String>,
+    pub(crate) indexes: Vec<String>,
 }
 
 /// The primary key and the indexes of the table named by $1 (the columns
 /// come from `Catalog::of`).
-pub const KEYS_SQL: &str = "SELECT \
+pub(crate) const KEYS_SQL: &str = "SELECT \
        ARRAY(SELECT a.attname::text FROM pg_constraint c \
              JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey) \
              WHERE c.conrelid = to_regclass($1) AND c.contype = 'p'), \
@@ -44,9 +44,9 @@ pub const KEYS_SQL: &str = "SELECT \
 /// What adopt will do: its statements, in order, and whether one of them
 /// rewrites the table (the identity column).
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Plan {
-    pub statements: Vec<String>,
-    pub rewrites: bool,
+pub(crate) struct Plan {
+    pub(crate) statements: Vec<String>,
+    pub(crate) rewrites: bool,
 }
 
 /// The relay's own columns, by role, with how each is added: nullable, or
@@ -85,7 +85,7 @@ const INDEXES: [(&str, &str); 4] = [
 /// producers' column (event_id, event_type, payload, or an optional one
 /// --column names) that is missing, and a column whose type cannot play
 /// its role: adopt never changes a column that is there.
-pub fn plan(table: &TableName, names: &Names, found: &Found) -> Result<Plan> {
+pub(crate) fn plan(table: &TableName, names: &Names, found: &Found) -> Result<Plan> {
     let catalog = &found.catalog;
     if catalog.columns.is_empty() {
         return Err(exit::config(anyhow!(

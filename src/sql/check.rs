@@ -6,25 +6,24 @@
 use anyhow::{Result, anyhow};
 use postgres::Client;
 
-use crate::cli::OnPublish;
 use crate::connect::pg_error::classify;
 use crate::sql::columns::Shape;
-use crate::sql::outbox::Order;
+use crate::sql::outbox::{OnPublish, Order};
 use crate::sql::table::{TableName, quote};
 
 /// What the session says about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Session {
+pub(crate) struct Session {
     /// The role the run works as.
-    pub user: String,
-    pub database: String,
+    pub(crate) user: String,
+    pub(crate) database: String,
     /// The server's own address and port; None over a local socket.
-    pub address: Option<(String, i32)>,
+    pub(crate) address: Option<(String, i32)>,
     /// The TLS version in use, None without TLS.
-    pub tls: Option<String>,
+    pub(crate) tls: Option<String>,
     /// The server takes no writes (a hot standby, or a read-only session).
-    pub read_only: bool,
-    pub server_version: String,
+    pub(crate) read_only: bool,
+    pub(crate) server_version: String,
 }
 
 /// pg_stat_ssl shows every session, its own included, to any role.
@@ -34,7 +33,7 @@ const SESSION_SQL: &str = "SELECT current_user::text, current_database()::text, 
        current_setting('transaction_read_only') = 'on', current_setting('server_version')";
 
 /// Reads what the session says about itself.
-pub fn session(client: &mut Client) -> Result<Session> {
+pub(crate) fn session(client: &mut Client) -> Result<Session> {
     let row = client
         .query_one(SESSION_SQL, &[])
         .map_err(|error| classify(&error, "reading the session's settings", "try again"))?;
@@ -113,7 +112,7 @@ const DELETE_SQL: &str = "SELECT NOT has_table_privilege($1::text::regclass, 'DE
 
 /// The privileges the run needs on `table` that `user` lacks: one
 /// configuration error (78) naming each and the GRANT that gives them.
-pub fn grants(
+pub(crate) fn grants(
     client: &mut Client,
     table: &TableName,
     user: &str,

@@ -16,33 +16,33 @@ use crate::sql::table::classify_on_table;
 
 /// The optional columns a table has.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Columns {
+pub(crate) struct Columns {
     /// jsonb: an object whose members become AMQP headers.
-    pub headers: bool,
+    pub(crate) headers: bool,
     /// text: the routing key instead of event_type, when not null.
-    pub routing_key: bool,
+    pub(crate) routing_key: bool,
     /// text: the key of --ordered-by-key, sent as the header x-ordering-key.
-    pub ordering_key: bool,
+    pub(crate) ordering_key: bool,
     /// xid8: the inserting transaction, which the ordered modes need.
-    pub producer_xid: bool,
+    pub(crate) producer_xid: bool,
     /// text: the exchange instead of --exchange, when not null.
-    pub exchange: bool,
+    pub(crate) exchange: bool,
     /// text: the AMQP content_type instead of the payload type's default.
-    pub content_type: bool,
+    pub(crate) content_type: bool,
     /// text: the AMQP content_encoding.
-    pub content_encoding: bool,
+    pub(crate) content_encoding: bool,
     /// text: the AMQP correlation_id.
-    pub correlation_id: bool,
+    pub(crate) correlation_id: bool,
     /// smallint: the AMQP priority, 0 to 255.
-    pub priority: bool,
+    pub(crate) priority: bool,
     /// timestamptz: never published after it; the AMQP expiration before.
-    pub expires_at: bool,
+    pub(crate) expires_at: bool,
 }
 
 /// The type of the payload column: the message body is its value's bytes
 /// (see the README's "Payloads").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Payload {
+pub(crate) enum Payload {
     /// As PostgreSQL prints it, the default the migrations create.
     #[default]
     Jsonb,
@@ -56,7 +56,7 @@ pub enum Payload {
 
 impl Payload {
     /// The AMQP content_type of a message whose row does not set one.
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Payload::Jsonb | Payload::Json => "application/json",
             Payload::Text => "text/plain; charset=utf-8",
@@ -79,15 +79,15 @@ impl Payload {
 
 /// What the relay needs to know of a table before it prepares anything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Shape {
-    pub columns: Columns,
+pub(crate) struct Shape {
+    pub(crate) columns: Columns,
     /// The payload column's type (its domain's base type), None when the
     /// table has no such column.
-    pub payload_type: Option<String>,
+    pub(crate) payload_type: Option<String>,
     /// last_error, which only the marks write: the claim does not check it.
-    pub last_error: bool,
+    pub(crate) last_error: bool,
     /// Partitioned by range on created_at (see `sql::partitions`).
-    pub by_created_at: bool,
+    pub(crate) by_created_at: bool,
 }
 
 /// One statement for the whole shape: each statement a run sends before
@@ -118,7 +118,7 @@ impl Shape {
     /// payload column is left to the claim's preparation, which names it
     /// as it names any missing column. Only the relay asks: status and the
     /// other commands never read the payload.
-    pub fn payload(&self, what: &str, table: &TableName) -> Result<Payload> {
+    pub(crate) fn payload(&self, what: &str, table: &TableName) -> Result<Payload> {
         let Some(name) = &self.payload_type else {
             return Ok(Payload::default());
         };
@@ -134,7 +134,7 @@ impl Shape {
 /// Looks the table's shape up; `what` names the step for the error. With
 /// --column, the columns are those the mapping names, checked first (see
 /// `check`).
-pub fn of_table(client: &mut Client, table: &TableName, what: &str) -> Result<Shape> {
+pub(crate) fn of_table(client: &mut Client, table: &TableName, what: &str) -> Result<Shape> {
     let names = names::current();
     if !names.is_plain() {
         return of_mapped_table(client, table, what, names);
@@ -189,13 +189,13 @@ fn mapped_lookup(relation: &str) -> String {
 
 /// A table's columns, each with its type (a domain's base type).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Catalog {
-    pub columns: Vec<(String, String)>,
+pub(crate) struct Catalog {
+    pub(crate) columns: Vec<(String, String)>,
 }
 
 impl Catalog {
     /// Reads the columns of `table` (none when it does not exist).
-    pub fn of(
+    pub(crate) fn of(
         client: &mut impl postgres::GenericClient,
         table: &TableName,
         what: &str,
@@ -214,7 +214,7 @@ impl Catalog {
     }
 
     /// The type of the column `name`, None when the table has no such column.
-    pub fn type_of(&self, name: &str) -> Option<&str> {
+    pub(crate) fn type_of(&self, name: &str) -> Option<&str> {
         self.columns
             .iter()
             .find(|(column, _)| column == name)
@@ -256,7 +256,7 @@ fn of_mapped_table(
 /// With --column, checks the mapping against the table (see `check`),
 /// for a command that has no other use for its shape; the plain table is
 /// asked nothing more.
-pub fn check_mapping(client: &mut Client, table: &TableName, what: &str) -> Result<()> {
+pub(crate) fn check_mapping(client: &mut Client, table: &TableName, what: &str) -> Result<()> {
     match names::current().is_plain() {
         true => Ok(()),
         false => of_table(client, table, what).map(drop),
@@ -278,12 +278,12 @@ const REQUIRED: [&str; 8] = [
 ];
 
 /// The roles the producers' columns play: `migrate --adopt` cannot add them.
-pub const PRODUCERS: [&str; 3] = ["event_id", "event_type", "payload"];
+pub(crate) const PRODUCERS: [&str; 3] = ["event_id", "event_type", "payload"];
 
 /// With --column: each required role, and each role --column names, is
 /// played by a column that exists and whose type can play it (78 naming
 /// the column, its type and the role, otherwise).
-pub fn check(names: &Names, catalog: &Catalog, table: &TableName, what: &str) -> Result<()> {
+pub(crate) fn check(names: &Names, catalog: &Catalog, table: &TableName, what: &str) -> Result<()> {
     let given = names.given().iter().map(|(role, _)| *role);
     for role in REQUIRED.into_iter().chain(given) {
         let column = names.column(role);
@@ -311,7 +311,7 @@ pub fn check(names: &Names, catalog: &Catalog, table: &TableName, what: &str) ->
 }
 
 /// What `role` needs of its column's type, when `type_name` is not that.
-pub fn misfit(role: &str, type_name: &str) -> Option<&'static str> {
+pub(crate) fn misfit(role: &str, type_name: &str) -> Option<&'static str> {
     let text = matches!(
         type_name,
         "text" | "character varying" | "character" | "bpchar"

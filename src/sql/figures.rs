@@ -15,22 +15,22 @@ use crate::sql::table::classify_on_table;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Figures {
     /// Unpublished and not dead.
-    pub pending: i64,
+    pub(crate) pending: i64,
     /// Pending and available now.
-    pub due: i64,
+    pub(crate) due: i64,
     /// Pending with at least one failed attempt.
-    pub retrying: i64,
+    pub(crate) retrying: i64,
     /// Unpublished with attempts >= --max-attempts: never claimed again.
-    pub dead: i64,
+    pub(crate) dead: i64,
     /// Unpublished and past expires_at: never published, and counted in
     /// none of the four above (0 on a table without expires_at).
-    pub expired: i64,
+    pub(crate) expired: i64,
     /// Whole seconds since the oldest pending event was created, among
     /// those whose created_at is finite.
-    pub oldest_pending_age_s: Option<i64>,
+    pub(crate) oldest_pending_age_s: Option<i64>,
     /// The same among the due events: what `status --max-age` checks (an
     /// event backing off is not late yet).
-    pub oldest_due_age_s: Option<i64>,
+    pub(crate) oldest_due_age_s: Option<i64>,
 }
 
 impl Figures {
@@ -38,7 +38,7 @@ impl Figures {
     /// docs/src/operating.md ("status") gives (serde_json's preserve_order
     /// keeps it), then
     /// `expired`.
-    pub fn to_json(self) -> serde_json::Value {
+    pub(crate) fn to_json(self) -> serde_json::Value {
         serde_json::json!({
             "pending": self.pending,
             "due": self.due,
@@ -50,7 +50,7 @@ impl Figures {
     }
 
     /// The table's figures from its per-type ones: no second query.
-    pub fn sum(types: &[(String, Figures)]) -> Figures {
+    pub(crate) fn sum(types: &[(String, Figures)]) -> Figures {
         types
             .iter()
             .fold(Figures::default(), |total, (_, figures)| Figures {
@@ -66,7 +66,11 @@ impl Figures {
 }
 
 /// The table's figures, in one query.
-pub fn of_table(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<Figures> {
+pub(crate) fn of_table(
+    client: &mut Client,
+    table: &TableName,
+    max_attempts: i32,
+) -> Result<Figures> {
     let rows = query(client, table, max_attempts, false)?;
     Ok(rows
         .first()
@@ -75,7 +79,7 @@ pub fn of_table(client: &mut Client, table: &TableName, max_attempts: i32) -> Re
 }
 
 /// The figures of each event type, in event type order, in one query.
-pub fn by_type(
+pub(crate) fn by_type(
     client: &mut Client,
     table: &TableName,
     max_attempts: i32,
@@ -91,25 +95,25 @@ pub fn by_type(
 /// entries for them: a ratio that keeps rising says vacuum is not keeping
 /// up (see the autovacuum settings of migration 0005). The counts are
 /// estimates, and when autovacuum is off nothing resets them but a VACUUM.
-pub fn dead_tuple_ratio(client: &mut Client, table: &TableName) -> Result<Option<f64>> {
+pub(crate) fn dead_tuple_ratio(client: &mut Client, table: &TableName) -> Result<Option<f64>> {
     Ok(dead_tuples(client, table)?.ratio)
 }
 
 /// The dead-tuple ratio with the count of row versions it is taken over.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct DeadTuples {
-    pub ratio: Option<f64>,
+pub(crate) struct DeadTuples {
+    pub(crate) ratio: Option<f64>,
     /// Live and dead row versions, as the statistics last counted them.
-    pub versions: i64,
+    pub(crate) versions: i64,
 }
 
 /// Below this many row versions the ratio says nothing worth an alarm: a
 /// handful of marks on a new table make it 50%, and migrate's autovacuum
 /// settings (migration 0005) do not vacuum before 1,000 dead versions.
-pub const MEANINGFUL_VERSIONS: i64 = 1000;
+pub(crate) const MEANINGFUL_VERSIONS: i64 = 1000;
 
 /// `dead_tuple_ratio`, and the row versions counted.
-pub fn dead_tuples(client: &mut Client, table: &TableName) -> Result<DeadTuples> {
+pub(crate) fn dead_tuples(client: &mut Client, table: &TableName) -> Result<DeadTuples> {
     let row = client
         .query_one(
             "SELECT (sum(n_dead_tup) / nullif(sum(n_live_tup + n_dead_tup), 0))::float8, \
@@ -126,7 +130,7 @@ pub fn dead_tuples(client: &mut Client, table: &TableName) -> Result<DeadTuples>
 }
 
 /// Due events now, for a progress bar's length.
-pub fn due(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<i64> {
+pub(crate) fn due(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<i64> {
     let sql = format!(
         "SELECT count(*) FROM {} \
          WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now()",
@@ -140,12 +144,12 @@ pub fn due(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<
 
 /// What holds the ordered modes back (see `held_back`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldBack {
+pub(crate) struct HeldBack {
     /// Whole seconds since the oldest held-back event was created.
-    pub age_s: i64,
+    pub(crate) age_s: i64,
     /// The pid of the session whose transaction holds it back, where
     /// pg_stat_activity shows one.
-    pub pid: Option<i32>,
+    pub(crate) pid: Option<i32>,
 }
 
 /// How long the ordered modes have been held back: the oldest pending
@@ -156,7 +160,7 @@ pub struct HeldBack {
 /// it). Needs only SELECT on the table: pg_stat_activity shows every
 /// session's pid, database and xid to any role (not when its transaction
 /// started: hence the event's age).
-pub fn held_back(
+pub(crate) fn held_back(
     client: &mut Client,
     table: &TableName,
     max_attempts: i32,
@@ -198,7 +202,7 @@ pub fn held_back(
 /// least once and backs off, so the key's later events wait behind it.
 /// Dead events block nothing (see `sql::outbox`). None when the table has
 /// no ordering_key column.
-pub fn held_back_keys(
+pub(crate) fn held_back_keys(
     client: &mut Client,
     table: &TableName,
     max_attempts: i32,
@@ -227,22 +231,22 @@ pub fn held_back_keys(
 
 /// A key held back by a failed head (`held_back_keys`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldKey {
-    pub key: String,
+pub(crate) struct HeldKey {
+    pub(crate) key: String,
     /// Its events still to publish, the head included.
-    pub waiting: i64,
+    pub(crate) waiting: i64,
     /// The head's created_at (RFC 3339): the key has waited since then at
     /// the latest (the head's first failure is not recorded).
-    pub since: String,
-    pub last_error: Option<String>,
+    pub(crate) since: String,
+    pub(crate) last_error: Option<String>,
 }
 
 /// How many held-back keys `status` lists (their count is exact).
-pub const HELD_KEYS_LISTED: i64 = 100;
+pub(crate) const HELD_KEYS_LISTED: i64 = 100;
 
 /// The keys held back by a failed head, oldest head first, at most
 /// HELD_KEYS_LISTED; None when the table has no ordering_key column.
-pub fn held_keys(
+pub(crate) fn held_keys(
     client: &mut Client,
     table: &TableName,
     max_attempts: i32,

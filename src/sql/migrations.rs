@@ -41,11 +41,11 @@ pub const MIGRATIONS: [(&str, &str); 6] = [
 ];
 
 /// Serialises concurrent migrations (two deploys at once), whatever table.
-pub const LOCK: &str = "SELECT pg_advisory_xact_lock(2052318420)";
+pub(crate) const LOCK: &str = "SELECT pg_advisory_xact_lock(2052318420)";
 
 /// `migrate --notify`: 0004_notify.sql installs its trigger only in a
 /// transaction that set this (see the file for why it is opt-in).
-pub const OPT_INTO_NOTIFY: &str = "SELECT set_config('outbox_poll.notify', 'on', true)";
+pub(crate) const OPT_INTO_NOTIFY: &str = "SELECT set_config('outbox_poll.notify', 'on', true)";
 
 /// Names the table for the migrations' DO blocks, for this transaction:
 /// $1 is the quoted table name; they read it with
@@ -80,7 +80,7 @@ const MAX_IDENTIFIER_BYTES: usize = 63;
 /// `<table>_<suffix>`, or, where that is longer than PostgreSQL keeps, the
 /// table's name cut short, a hash of the whole name and the suffix: still
 /// distinct for each suffix and each table, and the same at every migrate.
-pub fn object_name(table: &str, suffix: &str) -> String {
+pub(crate) fn object_name(table: &str, suffix: &str) -> String {
     let full = format!("{table}_{suffix}");
     if full.len() <= MAX_IDENTIFIER_BYTES {
         return full;

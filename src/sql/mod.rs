@@ -2,16 +2,16 @@
 //! is built with (quoted, validated: no SQL is ever built from unchecked
 //! input). The migrations themselves are the files in migrations/.
 
-pub mod adopt;
-pub mod check;
-pub mod columns;
+pub(crate) mod adopt;
+pub(crate) mod check;
+pub(crate) mod columns;
 pub mod figures;
 pub mod migrations;
 pub mod names;
-pub mod notify;
+pub(crate) mod notify;
 pub mod outbox;
-pub mod partitions;
-pub mod prune;
-pub mod requeue;
+pub(crate) mod partitions;
+pub(crate) mod prune;
+pub(crate) mod requeue;
 pub mod table;
-pub mod wait;
+pub(crate) mod wait;

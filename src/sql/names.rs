@@ -20,7 +20,7 @@ use crate::sql::table::{identifier, quote};
 
 /// Every role a column can be mapped to: the contract's table, then its
 /// optional columns.
-pub const ROLES: [&str; 18] = [
+pub(crate) const ROLES: [&str; 18] = [
     "id",
     "event_id",
     "event_type",
@@ -44,7 +44,7 @@ pub const ROLES: [&str; 18] = [
 /// The claim order's column when `id` plays another role (Debezium's
 /// `id uuid`, mapped to event_id): the bigint identity column that
 /// `migrate --adopt` adds.
-pub const ADOPTED_ID: &str = "outbox_seq";
+pub(crate) const ADOPTED_ID: &str = "outbox_seq";
 
 /// Which column plays each role.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -57,7 +57,7 @@ pub struct Names {
 
 impl Names {
     /// Parses the option's value. Each error names the pair at fault.
-    pub fn parse(text: &str) -> Result<Names, String> {
+    pub(crate) fn parse(text: &str) -> Result<Names, String> {
         let mut given: Vec<(&'static str, String)> = Vec::new();
         for pair in text.split(',').map(str::trim) {
             let Some((role, column)) = pair.split_once('=') else {
@@ -106,17 +106,17 @@ impl Names {
 
     /// Whether every role is played by the column of its own name: the
     /// table the migrations create.
-    pub fn is_plain(&self) -> bool {
+    pub(crate) fn is_plain(&self) -> bool {
         self.renamed.is_empty()
     }
 
     /// The roles --column names, with their columns.
-    pub fn given(&self) -> &[(&'static str, String)] {
+    pub(crate) fn given(&self) -> &[(&'static str, String)] {
         &self.given
     }
 
     /// The column that plays `role`.
-    pub fn column<'a>(&'a self, role: &'a str) -> &'a str {
+    pub(crate) fn column<'a>(&'a self, role: &'a str) -> &'a str {
         self.renamed
             .iter()
             .find(|(renamed, _)| *renamed == role)
@@ -129,7 +129,7 @@ impl Names {
     /// bodies, parameters and comments are left as they are. A word is
     /// renamed wherever it stands, a subquery's column alias too, so a
     /// statement stays consistent with itself.
-    pub fn rewrite<'a>(&self, sql: &'a str) -> Cow<'a, str> {
+    pub(crate) fn rewrite<'a>(&self, sql: &'a str) -> Cow<'a, str> {
         if self.renamed.is_empty() {
             return Cow::Borrowed(sql);
         }
@@ -198,12 +198,12 @@ pub fn set(names: Names) {
 }
 
 /// The run's mapping: the plain one when --column is not given.
-pub fn current() -> &'static Names {
+pub(crate) fn current() -> &'static Names {
     NAMES.get_or_init(Names::default)
 }
 
 /// `sql` in the run's mapping (see `Names::rewrite`).
-pub fn sql(text: &str) -> Cow<'_, str> {
+pub(crate) fn sql(text: &str) -> Cow<'_, str> {
     current().rewrite(text)
 }
 

@@ -24,16 +24,16 @@ const CHANNELS_SQL: &str = "SELECT 'outbox_poll_' || c.oid::text, \
      JOIN pg_catalog.pg_class c ON c.oid = n.name::regclass ORDER BY n.at";
 
 /// Whether producers' inserts announce themselves.
-pub struct Listening {
+pub(crate) struct Listening {
     /// The table has the enabled notify trigger.
-    pub notified: bool,
+    pub(crate) notified: bool,
 }
 
 /// LISTENs on the table's channel, on this session, outside any
 /// transaction (a LISTEN in a transaction would only start at its commit).
 /// Without the trigger nothing will come, but the LISTEN costs nothing and
 /// a trigger installed while the run follows starts waking it at once.
-pub fn listen(client: &mut Client, table: &TableName) -> Result<Listening> {
+pub(crate) fn listen(client: &mut Client, table: &TableName) -> Result<Listening> {
     let what = "finding the table's notify channel";
     let row = client
         .query_one(CHANNEL_SQL, &[&table.quoted()])

@@ -16,12 +16,12 @@
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
+use clap::ValueEnum;
 use postgres::error::SqlState;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::ToSql;
 use postgres::{Client, Statement};
 
-use crate::cli::OnPublish;
 use crate::connect::pg_error::describe;
 use crate::exit;
 use crate::sql::columns::{self, Columns, Payload};
@@ -34,8 +34,8 @@ use crate::sql::table::classify_on_table;
 /// so that events that failed together do not all come back together.
 /// The waits are 1-2 s, 2-4 s, 4-8 s, ...: with the default --max-attempts
 /// of 10 an event is dead after 8.5 to 17 minutes of retries in all.
-pub const BACKOFF_BASE: Duration = Duration::from_secs(2);
-pub const BACKOFF_CAP: Duration = Duration::from_secs(3600);
+pub(crate) const BACKOFF_BASE: Duration = Duration::from_secs(2);
+pub(crate) const BACKOFF_CAP: Duration = Duration::from_secs(3600);
 
 /// Backoff after a nack, times the same jitter: 15 to 30 s. A nack counts
 /// no attempt, so the attempt-keyed backoff would stay at its first step,
@@ -47,10 +47,20 @@ pub const BACKOFF_CAP: Duration = Duration::from_secs(3600);
 /// time, whatever its attempts: during a 10 or 20 minute incident each
 /// pending event is offered a few times a minute, never dies of it, and
 /// goes out within half a minute of the broker taking messages again.
-pub const NACK_BACKOFF: Duration = Duration::from_secs(30);
+pub(crate) const NACK_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The "equal jitter" factor, uniform in [0.5, 1).
 const JITTER_SQL: &str = "(0.5 + random() / 2)";
+
+/// --on-publish: what a batch does with the events the broker confirmed.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnPublish {
+    /// `published_at = now()`: the row stays until `prune` deletes it.
+    Mark,
+    /// The row is deleted in the batch's transaction: the table holds only
+    /// what is still to send (and the dead and backing-off events).
+    Delete,
+}
 
 /// How a run claims its events (see the README's "Ordering").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,44 +91,44 @@ pub enum Start {
 #[derive(Debug, Clone, Default)]
 pub struct Event {
     pub id: i64,
-    pub event_id: String,
+    pub(crate) event_id: String,
     pub event_type: String,
     /// The message body: the payload's bytes (jsonb as PostgreSQL prints
     /// it, json and text as stored, bytea raw), sent unchanged.
     pub payload: Vec<u8>,
     /// The payload column's type, which gives the default content_type.
-    pub payload_type: Payload,
+    pub(crate) payload_type: Payload,
     /// created_at in whole seconds since the epoch, for the AMQP timestamp:
     /// plus or minus infinity for an infinite created_at, None for a NULL.
-    pub created_at: Option<f64>,
-    pub attempts: i64,
+    pub(crate) created_at: Option<f64>,
+    pub(crate) attempts: i64,
     /// Why this row cannot become a message (a NULL or unreadable column,
     /// which a table without the NOT NULL constraints of docs/src/table.md can hold):
     /// the event fails alone, the rest of the batch goes on.
-    pub unreadable: Option<String>,
+    pub(crate) unreadable: Option<String>,
     /// The optional columns: None where the row holds NULL or the table
     /// has no such column. `headers` is the jsonb as PostgreSQL prints it.
-    pub headers: Option<String>,
-    pub routing_key: Option<String>,
-    pub ordering_key: Option<String>,
-    pub exchange: Option<String>,
-    pub content_type: Option<String>,
-    pub content_encoding: Option<String>,
-    pub correlation_id: Option<String>,
+    pub(crate) headers: Option<String>,
+    pub(crate) routing_key: Option<String>,
+    pub(crate) ordering_key: Option<String>,
+    pub(crate) exchange: Option<String>,
+    pub(crate) content_type: Option<String>,
+    pub(crate) content_encoding: Option<String>,
+    pub(crate) correlation_id: Option<String>,
     /// As stored: a value outside AMQP's 0 to 255 fails the event.
-    pub priority: Option<i32>,
+    pub(crate) priority: Option<i32>,
     /// Seconds from the claim to expires_at (infinite for `infinity`);
     /// zero or less: expired, never to be published.
-    pub expires_in: Option<f64>,
+    pub(crate) expires_in: Option<f64>,
     /// The relay's publish span as a W3C traceparent, sent as the
     /// `traceparent` header: set only when traces are exported and the
     /// headers column has no traceparent of the producer's.
-    pub traceparent: Option<String>,
+    pub(crate) traceparent: Option<String>,
 }
 
 impl Event {
     /// Past its expires_at: marked expired, never published.
-    pub fn expired(&self) -> bool {
+    pub(crate) fn expired(&self) -> bool {
         self.expires_in.is_some_and(|seconds| seconds <= 0.0)
     }
 }
@@ -261,14 +271,14 @@ impl Outbox {
     }
 
     /// The table these statements are about.
-    pub fn table(&self) -> &TableName {
+    pub(crate) fn table(&self) -> &TableName {
         &self.table
     }
 
     /// Prepares the marks now rather than at the first claim that returns
     /// events: `check` wants every statement of the run prepared, so that
     /// a missing column shows before an event is due.
-    pub fn prepare_marks(&mut self, client: &mut Client) -> Result<()> {
+    pub(crate) fn prepare_marks(&mut self, client: &mut Client) -> Result<()> {
         if self.marks.is_some() {
             return Ok(());
         }
@@ -352,7 +362,7 @@ impl Outbox {
     /// (BEGIN, the claim, COMMIT). It sees the rows another run holds and
     /// the events an ordered claim would hold back; the follow allows for
     /// that (relay::follow).
-    pub fn any_due(&mut self, client: &mut Client) -> Result<bool> {
+    pub(crate) fn any_due(&mut self, client: &mut Client) -> Result<bool> {
         if self.due.is_none() {
             self.due = Some(prepare(
                 client,
@@ -524,7 +534,7 @@ impl Outbox {
     /// between is then not in the snapshot at all, where seen after the
     /// snapshot it would not be known as another database's and would
     /// hold the claim back for nothing.
-    pub fn before_claim(&self, client: &mut Client) -> Result<bool> {
+    pub(crate) fn before_claim(&self, client: &mut Client) -> Result<bool> {
         let Some(statement) = &self.before_claim else {
             return Ok(true);
         };
@@ -554,7 +564,11 @@ impl Outbox {
 
     /// Counts a failed attempt against each event of the last claim, in
     /// one statement.
-    pub fn mark_failed(&self, client: &mut Client, failures: &[(i64, String)]) -> Result<()> {
+    pub(crate) fn mark_failed(
+        &self,
+        client: &mut Client,
+        failures: &[(i64, String)],
+    ) -> Result<()> {
         if failures.is_empty() {
             return Ok(());
         }
@@ -571,7 +585,12 @@ impl Outbox {
     /// Backs off each event of the last claim the broker nacked, in one
     /// statement, recording `reason` but counting no attempt: a nack is the
     /// broker declining for now, not a failure of the event's own.
-    pub fn mark_declined(&self, client: &mut Client, ids: &[i64], reason: &str) -> Result<()> {
+    pub(crate) fn mark_declined(
+        &self,
+        client: &mut Client,
+        ids: &[i64],
+        reason: &str,
+    ) -> Result<()> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -586,7 +605,7 @@ impl Outbox {
     /// Records that each of these events of the last claim expired before
     /// it could be published: no attempt counted, never claimed again
     /// (see `mark_expired_sql`).
-    pub fn mark_expired(&self, client: &mut Client, ids: &[i64]) -> Result<()> {
+    pub(crate) fn mark_expired(&self, client: &mut Client, ids: &[i64]) -> Result<()> {
         let Some(statement) = (!ids.is_empty())
             .then(|| self.marks())
             .transpose()?
@@ -750,7 +769,7 @@ fn due_sql(table: &str) -> String {
 /// (it had not started when the transaction first looked, or it is a
 /// prepared transaction) counts: the snapshot did not see what it wrote.
 /// Any role may read pg_stat_activity's xids and databases.
-pub const HORIZON: &str = "(SELECT coalesce(min(running), pg_snapshot_xmax(pg_current_snapshot())) \
+pub(crate) const HORIZON: &str = "(SELECT coalesce(min(running), pg_snapshot_xmax(pg_current_snapshot())) \
      FROM pg_snapshot_xip(pg_current_snapshot()) AS running \
      WHERE xid(running) NOT IN (SELECT backend_xid FROM pg_stat_activity \
        WHERE backend_xid IS NOT NULL AND datname <> current_database()))";
@@ -936,7 +955,7 @@ const LOCK_AND_SEE_SESSIONS_SQL: &str = "SELECT pg_try_advisory_xact_lock(205231
        (SELECT count(*) FROM pg_stat_activity)";
 
 /// --ordered-by-key takes no lock; the first look at pg_stat_activity only.
-pub const SEE_SESSIONS_SQL: &str = "SELECT true, (SELECT count(*) FROM pg_stat_activity)";
+pub(crate) const SEE_SESSIONS_SQL: &str = "SELECT true, (SELECT count(*) FROM pg_stat_activity)";
 
 #[cfg(test)]
 mod tests {

@@ -27,7 +27,7 @@ use crate::sql::table::classify_on_table;
 /// `created_at` alone: then a created_at range names the partitions a
 /// batch lives in. An SQL expression, for the statements that ask it
 /// beside other questions (`sql::columns`).
-pub const BY_CREATED_AT: &str = "EXISTS (SELECT FROM pg_partitioned_table p \
+pub(crate) const BY_CREATED_AT: &str = "EXISTS (SELECT FROM pg_partitioned_table p \
        JOIN pg_attribute a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] \
        WHERE p.partrelid = t.oid AND p.partstrat = 'r' \
          AND p.partnatts = 1 AND a.attname = 'created_at' \
@@ -39,7 +39,7 @@ pub const BY_CREATED_AT: &str = "EXISTS (SELECT FROM pg_partitioned_table p \
 const DETACH_PENDING: &str = "coalesce((to_jsonb(i) ->> 'inhdetachpending')::bool, false)";
 
 /// Whether `table` is partitioned by range on created_at (BY_CREATED_AT).
-pub fn by_created_at(client: &mut Client, table: &TableName) -> Result<bool> {
+pub(crate) fn by_created_at(client: &mut Client, table: &TableName) -> Result<bool> {
     let row = client
         .query_one(
             &format!("SELECT {BY_CREATED_AT} FROM (SELECT $1::text::regclass AS oid) t"),
@@ -53,7 +53,7 @@ pub fn by_created_at(client: &mut Client, table: &TableName) -> Result<bool> {
 
 /// Why prune drops no partition of a table.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The table is not partitioned by range on created_at.
     NotPartitioned,
     /// This role does not own the table: it cannot detach or drop.
@@ -66,7 +66,7 @@ pub enum Refusal {
 /// with an upper bound: never the DEFAULT partition, nor one that reaches
 /// MAXVALUE. Detaching and dropping are the owner's: a role that may only
 /// delete rows prunes row by row.
-pub fn candidates(
+pub(crate) fn candidates(
     client: &mut Client,
     table: &TableName,
     age: Duration,
@@ -109,7 +109,7 @@ pub fn candidates(
 /// How many rows `partition` holds if prune may drop it: every row in it
 /// published before the cut-off, `age` ago (None: it holds a pending or
 /// dead event, or one published since). Reads the whole partition, once.
-pub fn droppable_rows(
+pub(crate) fn droppable_rows(
     client: &mut Client,
     table: &TableName,
     partition: &TableName,
@@ -133,7 +133,7 @@ pub fn droppable_rows(
 
 /// What became of one partition prune set out to drop.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Dropped {
+pub(crate) enum DropOutcome {
     /// Dropped, with the rows it held.
     Dropped(i64),
     /// An unpublished event turned up in it since it was checked: kept
@@ -147,7 +147,7 @@ pub enum Dropped {
 /// How prune may detach a partition of `table`: concurrently (PostgreSQL
 /// 14 and later, and no DEFAULT partition, which a concurrent detach
 /// refuses), or under the parent's ACCESS EXCLUSIVE lock.
-pub fn concurrent_detach(client: &mut Client, table: &TableName) -> Result<bool> {
+pub(crate) fn concurrent_detach(client: &mut Client, table: &TableName) -> Result<bool> {
     let row = client
         .query_one(
             "SELECT current_setting('server_version_num')::int >= 140000 \
@@ -165,7 +165,7 @@ pub fn concurrent_detach(client: &mut Client, table: &TableName) -> Result<bool>
 /// (a signal, a lost connection) left pending: the table's queries no
 /// longer see them, and nothing can be done to them but FINALIZE. With
 /// whether their range ends before the cut-off, `age` ago.
-pub fn pending_detaches(
+pub(crate) fn pending_detaches(
     client: &mut Client,
     table: &TableName,
     age: Duration,
@@ -193,7 +193,11 @@ pub fn pending_detaches(
 /// Finishes the pending detach of `partition` (outside any transaction
 /// block, as PostgreSQL requires), waiting as a concurrent detach does;
 /// false when that wait ran out (still pending: the next prune tries again).
-pub fn finalize(client: &mut Client, table: &TableName, partition: &TableName) -> Result<bool> {
+pub(crate) fn finalize(
+    client: &mut Client,
+    table: &TableName,
+    partition: &TableName,
+) -> Result<bool> {
     waiting_detach(client, table, partition, "FINALIZE")
 }
 
@@ -233,7 +237,11 @@ fn waiting_detach(
 
 /// The bound of `partition` (`FOR VALUES FROM (...) TO (...)`), to attach
 /// it again if it must be kept after all.
-pub fn bound(client: &mut Client, table: &TableName, partition: &TableName) -> Result<String> {
+pub(crate) fn bound(
+    client: &mut Client,
+    table: &TableName,
+    partition: &TableName,
+) -> Result<String> {
     let row = client
         .query_one(
             "SELECT pg_get_expr(relpartbound, oid) FROM pg_class WHERE oid = $1::text::regclass",
@@ -251,7 +259,7 @@ pub fn bound(client: &mut Client, table: &TableName, partition: &TableName) -> R
 /// DETACH_WAIT; false then). Interrupted or out of time, it leaves the
 /// detach pending; the next prune finishes it (`pending_detaches`,
 /// `finalize`).
-pub fn detach_concurrently(
+pub(crate) fn detach_concurrently(
     client: &mut Client,
     table: &TableName,
     partition: &TableName,
@@ -266,17 +274,17 @@ pub fn detach_concurrently(
 /// outbox unpublished. `before_drop` runs just before the drop (prune
 /// --archive writes the rows there); when it fails, the partition is
 /// attached again, its rows kept, and its error returned.
-pub fn drop_detached(
+pub(crate) fn drop_detached(
     client: &mut Client,
     table: &TableName,
     partition: &TableName,
     bound: &str,
     age: Duration,
     before_drop: &mut dyn FnMut(&mut Client, &TableName) -> Result<()>,
-) -> Result<Dropped> {
+) -> Result<DropOutcome> {
     let Some(rows) = droppable_rows(client, table, partition, age)? else {
         attach(client, table, partition, bound)?;
-        return Ok(Dropped::Kept);
+        return Ok(DropOutcome::Kept);
     };
     if let Err(error) = before_drop(client, partition) {
         attach(client, table, partition, bound)?;
@@ -285,13 +293,13 @@ pub fn drop_detached(
     client
         .batch_execute(&format!("DROP TABLE {}", partition.quoted()))
         .map_err(|error| drop_error(&error, table, partition))?;
-    Ok(Dropped::Dropped(rows))
+    Ok(DropOutcome::Dropped(rows))
 }
 
 /// Hands each row of `partition` to `each` as the text `row` (an SQL
 /// expression over the row `t`) makes of it, by id, streamed: a
 /// partition's rows are never all in memory at once.
-pub fn each_row(
+pub(crate) fn each_row(
     client: &mut Client,
     table: &TableName,
     partition: &TableName,
@@ -317,7 +325,7 @@ pub fn each_row(
 
 /// Attaches the detached `partition` to `table` again with its `bound`
 /// (SHARE UPDATE EXCLUSIVE on the table: producers go on).
-pub fn attach(
+pub(crate) fn attach(
     client: &mut Client,
     table: &TableName,
     partition: &TableName,
@@ -346,12 +354,12 @@ const DETACH_LOCK_TIMEOUT: &str = "50ms";
 /// (Events published since then were unpublished when it was read, so it
 /// was not offered.) The check and the drop are one transaction, so a kept
 /// partition was never detached as far as anyone else can tell.
-pub fn detach_and_drop(
+pub(crate) fn detach_and_drop(
     client: &mut Client,
     table: &TableName,
     partition: &TableName,
     rows: i64,
-) -> Result<Dropped> {
+) -> Result<DropOutcome> {
     let mut transaction = client
         .transaction()
         .map_err(|error| drop_error(&error, table, partition))?;
@@ -363,7 +371,7 @@ pub fn detach_and_drop(
     ));
     match detached {
         Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-            return Ok(Dropped::Busy);
+            return Ok(DropOutcome::Busy);
         }
         detached => detached.map_err(|error| drop_error(&error, table, partition))?,
     }
@@ -377,7 +385,7 @@ pub fn detach_and_drop(
         )
         .map_err(|error| drop_error(&error, table, partition))?;
     if pending.get::<_, bool>(0) {
-        return Ok(Dropped::Kept);
+        return Ok(DropOutcome::Kept);
     }
     transaction
         .batch_execute(&format!("DROP TABLE {}", partition.quoted()))
@@ -385,7 +393,7 @@ pub fn detach_and_drop(
     transaction
         .commit()
         .map_err(|error| drop_error(&error, table, partition))?;
-    Ok(Dropped::Dropped(rows))
+    Ok(DropOutcome::Dropped(rows))
 }
 
 /// A refusal names the partition; a missing privilege is exit 78 (the

@@ -18,7 +18,7 @@ use crate::sql::table::classify_on_table;
 
 /// Which rows a pass deletes.
 #[derive(Clone, Copy)]
-pub enum Kind {
+pub(crate) enum Kind {
     Published,
     Dead,
 }
@@ -35,7 +35,7 @@ impl Kind {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Published => "published",
             Kind::Dead => "dead",
@@ -44,7 +44,7 @@ impl Kind {
 }
 
 /// How many rows a prune would delete.
-pub fn count(
+pub(crate) fn count(
     client: &mut Client,
     table: &TableName,
     kind: Kind,
@@ -71,7 +71,7 @@ pub fn count(
 /// outer condition, not the subquery's. (No SKIP LOCKED: that would need
 /// UPDATE, which the pruner role need not have.) With `archive` (the
 /// payload's type), the statement returns each deleted row's archive line.
-pub fn prepare_delete(
+pub(crate) fn prepare_delete(
     client: &mut Client,
     table: &TableName,
     kind: Kind,
@@ -95,7 +95,7 @@ pub fn prepare_delete(
 
 /// Deletes one batch with the statement `prepare_delete` made; returns how
 /// many rows went.
-pub fn delete_batch(
+pub(crate) fn delete_batch(
     client: &mut Client,
     statement: &Statement,
     table: &TableName,
@@ -110,7 +110,7 @@ pub fn delete_batch(
 /// Deletes one batch with the archiving statement `prepare_delete` made,
 /// in `transaction` (the caller commits once the lines are on disk), and
 /// returns the deleted rows' archive lines.
-pub fn delete_archived_batch(
+pub(crate) fn delete_archived_batch(
     transaction: &mut postgres::Transaction<'_>,
     statement: &Statement,
     table: &TableName,
@@ -126,7 +126,7 @@ pub fn delete_archived_batch(
 /// The archive line of the row `t` (see the module `archive`): every
 /// column as jsonb renders it, the payload under the key of its type.
 /// The session's TimeZone is UTC, so every timestamp reads `+00:00`.
-pub fn archived_row(payload: Payload) -> &'static str {
+pub(crate) fn archived_row(payload: Payload) -> &'static str {
     match payload {
         Payload::Jsonb => "to_jsonb(t)::text",
         Payload::Json => {

@@ -13,14 +13,14 @@ const RESET: &str = "attempts = 0, last_error = NULL, available_at = now()";
 
 /// What became of one named event id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Named {
+pub(crate) enum Named {
     Requeued,
     AlreadyPublished,
     Unknown,
 }
 
 /// Requeues every dead event; returns how many.
-pub fn dead(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<u64> {
+pub(crate) fn dead(client: &mut Client, table: &TableName, max_attempts: i32) -> Result<u64> {
     client
         .execute(
             &*names::sql(&format!(
@@ -34,7 +34,7 @@ pub fn dead(client: &mut Client, table: &TableName, max_attempts: i32) -> Result
 
 /// Requeues the named events (each once, in id order) and says what became
 /// of each: one statement for the update and the report.
-pub fn by_event_id(
+pub(crate) fn by_event_id(
     client: &mut Client,
     table: &TableName,
     event_ids: &[&str],
@@ -80,7 +80,7 @@ pub fn by_event_id(
 /// publish in the claim's order, when that head has failed (attempts > 0):
 /// the key's events go again from there. Says which keys had no failed
 /// head (each once, in key order). One statement.
-pub fn by_key(
+pub(crate) fn by_key(
     client: &mut Client,
     table: &TableName,
     keys: &[&str],

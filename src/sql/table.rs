@@ -36,7 +36,7 @@ impl TableName {
     /// A table as the catalog names it (pg_namespace.nspname,
     /// pg_class.relname): names PostgreSQL itself holds, used in SQL only
     /// through `quoted`.
-    pub fn from_catalog(schema: String, name: String) -> Self {
+    pub(crate) fn from_catalog(schema: String, name: String) -> Self {
         TableName {
             schema: Some(schema),
             name,
@@ -44,7 +44,7 @@ impl TableName {
     }
 
     /// The bare table name, unquoted (used to derive index names).
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
@@ -77,7 +77,7 @@ fn as_typed(part: &str) -> String {
 
 /// One identifier (a column's name), parsed as a part of a table's name
 /// is: plain folds to lower case, `"Quoted"` is kept as written.
-pub fn identifier(text: &str) -> Result<String, String> {
+pub(crate) fn identifier(text: &str) -> Result<String, String> {
     let mut parts = split_parts(text)?;
     match (parts.pop(), parts.is_empty()) {
         (Some(part), true) => Ok(part),
@@ -87,7 +87,7 @@ pub fn identifier(text: &str) -> Result<String, String> {
 
 /// Quotes one identifier, doubling any double quote in it as PostgreSQL
 /// reads them. Parsed parts hold none; the catalog's names may.
-pub fn quote(identifier: &str) -> String {
+pub(crate) fn quote(identifier: &str) -> String {
     format!("\"{}\"", identifier.replace('"', "\"\""))
 }
 
@@ -147,7 +147,11 @@ fn check_length(part: &str) -> Result<(), String> {
 
 /// Wraps an error from a statement on the outbox table: a missing table or
 /// column is named, with the command that fixes it.
-pub fn classify_on_table(error: &postgres::Error, what: &str, table: &TableName) -> anyhow::Error {
+pub(crate) fn classify_on_table(
+    error: &postgres::Error,
+    what: &str,
+    table: &TableName,
+) -> anyhow::Error {
     let advice = match error.code() {
         Some(&SqlState::UNDEFINED_TABLE) | Some(&SqlState::UNDEFINED_COLUMN) => {
             format!("run `outbox-poll migrate --table {table}` to create or upgrade the table")

@@ -20,7 +20,7 @@ use crate::sql::table::TableName;
 use crate::sql::table::classify_on_table;
 
 /// The events the wait is for.
-pub struct Horizon {
+pub(crate) struct Horizon {
     before: Before,
     /// The table has expires_at: expired events are done, not left.
     expires_at: bool,
@@ -36,19 +36,19 @@ enum Before {
 
 /// What is left of the events the wait is for.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Left {
+pub(crate) struct Left {
     /// Unpublished and not dead.
-    pub events: i64,
+    pub(crate) events: i64,
     /// Of them, available now (the others back off after a failure).
-    pub due: i64,
+    pub(crate) due: i64,
     /// Whole seconds since the oldest was created (finite created_at only).
-    pub oldest_age_s: Option<i64>,
+    pub(crate) oldest_age_s: Option<i64>,
 }
 
 const WHAT: &str = "reading what is left to publish";
 
 /// Takes the horizon: now.
-pub fn start(client: &mut Client, table: &TableName) -> Result<Horizon> {
+pub(crate) fn start(client: &mut Client, table: &TableName) -> Result<Horizon> {
     let columns = columns::of_table(client, table, WHAT)?.columns;
     let by_xid = columns.producer_xid;
     let sql = match by_xid {
@@ -73,7 +73,7 @@ pub fn start(client: &mut Client, table: &TableName) -> Result<Horizon> {
 
 /// What is left of the events before `horizon`: neither published, dead
 /// nor expired.
-pub fn left(
+pub(crate) fn left(
     client: &mut Client,
     table: &TableName,
     horizon: &Horizon,

@@ -5,7 +5,7 @@
 //! `fe-connect.c`) merges them:
 //! 1. the URL (`postgresql://` or `postgres://`) or key=value string;
 //! 2. the service file section named by `service=` or PGSERVICE;
-//! 3. the PG* variables (see [`KEYWORDS`]);
+//! 3. the PG* variables (see `KEYWORDS`);
 //! 4. the defaults: the local socket, port 5432, the account we run as,
 //!    a database named after the user, `sslmode=prefer`.
 //!
@@ -86,7 +86,7 @@ const SYSCONFDIR: &str = "/etc/postgresql-common";
 /// locates the service file. libpq reads a few more variables (PGHOSTADDR,
 /// PGSSLCRL, PGCHANNELBINDING...) for keywords we do not support; we leave
 /// those unread rather than half-honour them.
-pub const KEYWORDS: [(&str, Option<&str>); 16] = [
+pub(crate) const KEYWORDS: [(&str, Option<&str>); 16] = [
     ("host", Some("PGHOST")),
     ("port", Some("PGPORT")),
     ("dbname", Some("PGDATABASE")),
@@ -158,14 +158,14 @@ pub struct ConnInfo {
     /// Command-line options for the server (`-c name=value ...`).
     pub options: Option<String>,
     /// libpq's per-host connect bound (`connect_timeout`, seconds, at least 2).
-    pub connect_timeout: Option<Duration>,
+    pub(crate) connect_timeout: Option<Duration>,
     /// What libpq would print as a WARNING and then carry on (an unsafe
     /// password file, ignored): for the caller to log.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
     /// No URL, service or PG* variable said anything: only libpq's
     /// defaults (the local socket, this account's name). A failure to
     /// connect then says so first, as a newcomer's likeliest mistake.
-    pub nothing_configured: bool,
+    pub(crate) nothing_configured: bool,
 }
 
 /// One server to try.
@@ -193,7 +193,7 @@ pub struct Password {
     secret: String,
     /// The password file it came from, for libpq's hint when the server
     /// refuses it ("password retrieved from file ...").
-    pub file: Option<PathBuf>,
+    pub(crate) file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,10 +267,10 @@ pub enum TargetSessionAttrs {
 /// What libpq's `stat()` tells it about a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileStat {
-    pub regular: bool,
+    pub(crate) regular: bool,
     /// The permission bits (`st_mode & 0o7777`).
-    pub mode: u32,
-    pub uid: u32,
+    pub(crate) mode: u32,
+    pub(crate) uid: u32,
 }
 
 /// The only I/O this module does, injected so tests pass their own.
@@ -312,7 +312,7 @@ impl Files for SystemFiles {
 /// directory it falls back on when HOME is unset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
-    pub name: String,
+    pub(crate) name: String,
     pub home: Option<PathBuf>,
 }
 
@@ -359,7 +359,7 @@ impl fmt::Display for Host {
 }
 
 impl fmt::Display for Target {
-    /// "db1:5432", "[::1]:5432", or the socket's path, for messages.
+    /// `db1:5432`, `[::1]:5432`, or the socket's path, for messages.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.host {
             Host::Socket(dir) => write!(
@@ -414,7 +414,7 @@ pub fn resolve(
 /// The PG* variables a connection string stands for, keyword by keyword:
 /// a `--databases` line takes what it leaves out from `--database-url`
 /// this way, as libpq would from the variables.
-pub fn as_variables(text: &str) -> Result<Vec<(&'static str, String)>> {
+pub(crate) fn as_variables(text: &str) -> Result<Vec<(&'static str, String)>> {
     let mut variables = Vec::new();
     for (key, value) in parse_connection_string(text)? {
         if let Some((_, Some(var))) = KEYWORDS.iter().find(|(name, _)| *name == key) {
