@@ -15,7 +15,7 @@ pub(crate) mod drain;
 pub(crate) mod follow;
 pub mod many;
 pub mod session;
-pub mod wake;
+pub(crate) mod wake;
 
 use std::time::{Duration, Instant};
 

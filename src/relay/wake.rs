@@ -37,7 +37,7 @@ use crate::sql::table::TableName;
 const SLICE: Duration = Duration::from_millis(250);
 /// How often a watcher looks for due events where a table has no trigger:
 /// one statement per DUE_CHUNK tables (see `plan::due_tables`).
-pub const LOOK_EVERY: Duration = Duration::from_millis(100);
+pub(crate) const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// How often it looks where every table has one.
 const SAFETY_LOOK: Duration = Duration::from_secs(1);
 
@@ -52,7 +52,7 @@ enum Heard {
 }
 
 /// The listeners of a follow over many outboxes.
-pub struct Wake {
+pub(crate) struct Wake {
     heard: Receiver<Heard>,
     /// Keeps `heard` open while no listener runs.
     _none: Sender<Heard>,
@@ -69,10 +69,10 @@ pub struct Wake {
 }
 
 /// One database's part of a follow: its index, and its lanes' tables.
-pub struct Tables {
-    pub server: usize,
-    pub label: String,
-    pub lanes: Vec<(usize, TableName)>,
+pub(crate) struct Tables {
+    pub(crate) server: usize,
+    pub(crate) label: String,
+    pub(crate) lanes: Vec<(usize, TableName)>,
 }
 
 impl Wake {
@@ -80,7 +80,7 @@ impl Wake {
     /// watch, on the session `session` gives (one the run already holds,
     /// or a new one). A database whose watcher cannot start is left to the
     /// follow's own looks, with a line in the log: slower, not wrong.
-    pub fn start(
+    pub(crate) fn start(
         databases: Vec<Tables>,
         databases_count: usize,
         most: usize,
@@ -155,18 +155,18 @@ impl Wake {
     }
 
     /// The sessions the listeners hold, out of --max-connections.
-    pub fn sessions(&self) -> usize {
+    pub(crate) fn sessions(&self) -> usize {
         self.sessions
     }
 
     /// Whether a watcher serves `server`: the follow need not look at it.
-    pub fn watches(&self, server: usize) -> bool {
+    pub(crate) fn watches(&self, server: usize) -> bool {
         self.watched[server]
     }
 
     /// Waits until `until` or the first word of a watcher; the lanes to
     /// serve by then (a lane once, however many commits announced it).
-    pub fn wait(&mut self, until: Instant) -> Vec<usize> {
+    pub(crate) fn wait(&mut self, until: Instant) -> Vec<usize> {
         let mut lanes = Vec::new();
         // Disconnected cannot be: the Wake keeps a sender of its own.
         let mut next = self

@@ -48,18 +48,18 @@ pub(crate) fn listen(client: &mut Client, table: &TableName) -> Result<Listening
 }
 
 /// One of many tables a session listens for.
-pub struct Channel {
+pub(crate) struct Channel {
     /// The channel its trigger sends to.
-    pub name: String,
+    pub(crate) name: String,
     /// The table has the enabled notify trigger.
-    pub notified: bool,
+    pub(crate) notified: bool,
 }
 
 /// LISTENs, on this session and outside any transaction, on the channel
 /// of each of `tables` (of one database): two statements, however many
 /// tables. As with `listen`, a table without the trigger is listened for
 /// too: a trigger installed while the run follows starts waking it.
-pub fn listen_all(client: &mut Client, tables: &[TableName]) -> Result<Vec<Channel>> {
+pub(crate) fn listen_all(client: &mut Client, tables: &[TableName]) -> Result<Vec<Channel>> {
     let names: Vec<String> = tables.iter().map(TableName::quoted).collect();
     let rows = client
         .query(CHANNELS_SQL, &[&names])
