@@ -80,6 +80,59 @@ fn a_run_exports_its_span_its_batchs_and_one_producer_span_per_published_event()
 }
 
 #[test]
+fn a_run_over_two_outboxes_exports_one_run_span_and_batch_spans_naming_each_table() {
+    let mut fx = Fixture::new("traces_many");
+    let other = format!("{}.second", fx.schema);
+    let run = fx.run(&["--table", &other, "migrate"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    fx.insert("first", 2);
+    fx.execute(&format!(
+        "INSERT INTO {other} (event_id, event_type, payload) \
+         SELECT 'second-' || g, 'order.created', '{{}}' FROM generate_series(1, 3) g"
+    ));
+    let collector = Collector::start();
+    let tables = format!("{},{other}", fx.table);
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run = fx.run_with(&env, &["--table", &tables, "--json"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+
+    let runs = collector.named("outbox-poll run");
+    assert_eq!(runs.len(), 1, "{:#?}", collector.spans());
+    assert_eq!(runs[0].attribute("outbox_poll.published"), "5");
+    let batches = collector.named("outbox-poll batch");
+    let mut named: Vec<(String, String)> = batches
+        .iter()
+        .map(|batch| {
+            assert_eq!(batch.parent_span_id, runs[0].span_id);
+            let table = batch.attribute("outbox_poll.table").to_string();
+            let published = batch.attribute("outbox_poll.batch.published");
+            (table, published.to_string())
+        })
+        .collect();
+    named.sort();
+    let mut expected = vec![
+        (fx.table.clone(), "2".to_string()),
+        (other, "3".to_string()),
+    ];
+    expected.sort();
+    assert_eq!(named, expected);
+    // One database, named alike in both (hosts and name, never a password).
+    let database = batches[0].attribute("outbox_poll.database");
+    assert!(!database.is_empty());
+    assert_eq!(batches[1].attribute("outbox_poll.database"), database);
+    for event in ["first-1", "first-2", "second-1", "second-2", "second-3"] {
+        let publish = collector.publish_of(event);
+        assert!(
+            batches
+                .iter()
+                .any(|batch| batch.span_id == publish.parent_span_id),
+            "{event}: {publish:?}"
+        );
+    }
+}
+
+#[test]
 fn a_publish_span_is_linked_to_the_producers_traceparent_which_reaches_the_consumer_unchanged() {
     let mut fx = Fixture::new("traces_link");
     let headers = format!(r#"{{"traceparent": "{}"}}"#, producer_traceparent());

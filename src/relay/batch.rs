@@ -15,7 +15,7 @@ use crate::guard::stop::Stop;
 use crate::relay::session::{Session, Uncommitted};
 use crate::report::dry_run;
 use crate::report::totals::Totals;
-use crate::report::traces::{BatchTrace, Traces};
+use crate::report::traces::{BatchTrace, Place, Traces};
 use crate::sql::outbox::{Event, Start};
 
 /// Why a batch ended before anything was published.
@@ -97,7 +97,8 @@ pub(crate) enum Opened {
 /// published. If anything fails before the commit, the transaction is
 /// rolled back and the events are claimed again by a later run: a
 /// duplicate at worst, never a loss. The claim starts where `start` says,
-/// and holds about `bytes` of payloads at most.
+/// and holds about `bytes` of payloads at most; `traces`, when the run
+/// exports them, with the outbox the batch's span names.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn open(
     session: &mut Session,
@@ -107,16 +108,20 @@ pub(crate) fn open(
     totals: &mut Totals,
     start: &Start,
     bytes: i64,
-    traces: Option<&Traces>,
+    traces: Option<(&Traces, &Place)>,
 ) -> Result<Opened> {
     // The clock is read only when there are spans to time.
-    let began = traces.map(|_| (SystemTime::now(), Instant::now()));
+    let traced = traces.map(|(traces, place)| Traced {
+        traces,
+        place,
+        began: (SystemTime::now(), Instant::now()),
+    });
     session.begin()?;
     let claimed = Claim {
         relay,
         start,
         bytes,
-        traces: traces.zip(began),
+        traces: traced,
     };
     let opened = claim_and_send(session, &claimed, broker, stop, totals);
     match &opened {
@@ -138,7 +143,15 @@ struct Claim<'a> {
     relay: &'a Relay,
     start: &'a Start,
     bytes: i64,
-    traces: Option<(&'a Traces, (SystemTime, Instant))>,
+    traces: Option<Traced<'a>>,
+}
+
+/// A claim's tracing: the run's traces, the outbox its span names, and
+/// when the transaction began.
+struct Traced<'a> {
+    traces: &'a Traces,
+    place: &'a Place,
+    began: (SystemTime, Instant),
 }
 
 fn claim_and_send(
@@ -170,9 +183,12 @@ fn claim_and_send(
         events.into_iter().partition(Event::expired);
     // The publish spans start before the send, which carries their
     // context in the messages' traceparent.
-    let trace = claim
-        .traces
-        .map(|(traces, began)| Box::new(traces.publishing(began, &mut events)));
+    let trace = claim.traces.as_ref().map(|traced| {
+        let batch = traced
+            .traces
+            .publishing(traced.place, traced.began, &mut events);
+        Box::new(batch)
+    });
     let sent = match events.is_empty() {
         true => None,
         false => Some(broker.send(&events, relay.ordered)?),

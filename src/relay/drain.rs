@@ -18,7 +18,7 @@ use crate::relay::batch::{self, Ended, InFlight, Opened};
 use crate::relay::session::Session;
 use crate::report::progress::Progress;
 use crate::report::totals::Totals;
-use crate::report::traces::Traces;
+use crate::report::traces::{Place, Traces};
 use crate::sql::outbox::{Order, Start};
 
 /// What every batch of a run shares.
@@ -36,8 +36,8 @@ pub(crate) struct Drain<'a> {
     /// so that a follow, whose sessions go and come with each burst, tries
     /// and warns only once.
     pub(crate) session_limit: usize,
-    /// The run's traces, when it exports them.
-    pub(crate) traces: Option<&'a Traces>,
+    /// The run's traces, when it exports them, and the outbox they name.
+    pub(crate) traces: Option<(&'a Traces, &'a Place)>,
 }
 
 /// The batches in flight, oldest first, each with the index of its session.
@@ -178,7 +178,7 @@ impl Drain<'_> {
                 batch,
                 self.broker,
                 self.totals,
-                self.traces,
+                self.traces.map(|(traces, _)| traces),
             );
             self.progress.update(self.totals);
             if let Err(error) = settled {
@@ -251,7 +251,7 @@ impl Drain<'_> {
                 batch,
                 self.broker,
                 self.totals,
-                self.traces,
+                self.traces.map(|(traces, _)| traces),
             );
             self.progress.update(self.totals);
             let Err(later) = later else { continue };

@@ -39,6 +39,7 @@ use crate::report::metrics;
 use crate::report::stderr;
 use crate::report::summary;
 use crate::report::totals::{Outcome, Totals};
+use crate::report::traces::{Place, Traces};
 use crate::sql::outbox::{Order, Start};
 
 /// The longest one wait lasts before the run looks at the signals and
@@ -56,6 +57,8 @@ struct Lane {
     in_flight: bool,
     /// The failure that ended it.
     error: Option<anyhow::Error>,
+    /// What its batches' spans name, when the run exports traces.
+    place: Option<Place>,
 }
 
 /// A pooled session: as the plan opened it, or with statements prepared.
@@ -205,7 +208,16 @@ pub fn run(json: bool, settings: Result<(Selection, Relay)>) -> Result<Exit> {
     })?;
     let stop = Stop::install()?;
     let mut totals = Totals::default();
-    let outcome = serve(&selection, &relay, &watchdog, &stop, &mut totals, started);
+    let traces = Traces::from_env(&relay);
+    let run = Run {
+        selection: &selection,
+        relay: &relay,
+        watchdog: &watchdog,
+        stop: &stop,
+        traces: traces.as_ref(),
+        started,
+    };
+    let outcome = serve(&run, &mut totals);
     watchdog.arm(CLOSE_BUDGET, "writing the results", totals);
     let (results, run_exit) = match outcome {
         Ok(results) => {
@@ -216,22 +228,37 @@ pub fn run(json: bool, settings: Result<(Selection, Relay)>) -> Result<Exit> {
     };
     let run_exit = metrics::after_many(&relay, &results, &totals, started, run_exit);
     watchdog.disarm();
+    // Bounded on its own (traces::FLUSH_BOUND), and never a failure.
+    if let Some(traces) = traces {
+        traces.finish(Exit::of_result(&run_exit), &totals, started);
+    }
     match json {
         true => summary::after_many(&totals, &results, started, run_exit),
         false => run_exit,
     }
 }
 
+/// What the whole run shares, from the plan to the results.
+struct Run<'a> {
+    selection: &'a Selection,
+    relay: &'a Relay,
+    watchdog: &'a Watchdog,
+    stop: &'a Stop,
+    traces: Option<&'a Traces>,
+    started: Instant,
+}
+
 /// The plan, then the batches; every outbox's result, the unread
 /// databases' too.
-fn serve(
-    selection: &Selection,
-    relay: &Relay,
-    watchdog: &Watchdog,
-    stop: &Stop,
-    totals: &mut Totals,
-    started: Instant,
-) -> Result<Vec<Outcome>> {
+fn serve(run: &Run, totals: &mut Totals) -> Result<Vec<Outcome>> {
+    let Run {
+        selection,
+        relay,
+        watchdog,
+        stop,
+        traces,
+        started,
+    } = *run;
     let per_server = selection.connect_budget() + 4 * STATEMENT_TIMEOUT;
     let servers = u32::try_from(selection.servers.len()).unwrap_or(u32::MAX);
     watchdog.arm(
@@ -272,6 +299,7 @@ fn serve(
     let mut lanes: Vec<Lane> = outboxes
         .into_iter()
         .map(|planned| Lane {
+            place: traces.map(|_| Place::new(&planned.label, &planned.database.table)),
             planned,
             totals: Totals::default(),
             claims: Claims::new(),
@@ -298,6 +326,7 @@ fn serve(
         pool: &mut pool,
         totals,
         started,
+        traces,
         halted: false,
     };
     let ring: VecDeque<usize> = (0..lanes.len())
@@ -357,6 +386,7 @@ struct Turns<'a> {
     pool: &'a mut Pool,
     totals: &'a mut Totals,
     started: Instant,
+    traces: Option<&'a Traces>,
     /// The broker failed: no new batch opens.
     halted: bool,
 }
@@ -391,7 +421,13 @@ impl Turns<'_> {
             self.arm();
             let lane = &mut lanes[at];
             lane.in_flight = false;
-            let settled = batch::settle(&mut session, batch, self.broker, &mut lane.totals, None);
+            let settled = batch::settle(
+                &mut session,
+                batch,
+                self.broker,
+                &mut lane.totals,
+                self.traces,
+            );
             self.pool.put(lane.planned.server, session);
             if let Err(error) = settled {
                 self.fail(lane, error);
@@ -443,7 +479,7 @@ impl Turns<'_> {
                 &mut lane.totals,
                 &start,
                 room,
-                None,
+                self.traces.zip(lane.place.as_ref()),
             );
             match opened {
                 // Only a plain claim can pass over rows (those behind where

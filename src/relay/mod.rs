@@ -33,7 +33,7 @@ use crate::report::metrics::{self, Backlog};
 use crate::report::progress::Progress;
 use crate::report::summary;
 use crate::report::totals::Totals;
-use crate::report::traces::Traces;
+use crate::report::traces::{Place, Traces};
 
 /// Closing the broker connection is bounded in `Publisher::close`, and
 /// writing the metrics file is local; this only catches one that hangs.
@@ -52,7 +52,8 @@ pub fn run(json: bool, settings: Result<(Database, Relay)>) -> Result<Exit> {
                 let _ = summary::print(totals, started, Exit::Unavailable);
             }
         })?;
-        let traces = Traces::from_env(&database, &relay);
+        let traces = Traces::from_env(&relay);
+        let place = traces.as_ref().map(|_| Place::of(&database));
         let mut backlog = None;
         let result = run_batches(
             &database,
@@ -61,7 +62,7 @@ pub fn run(json: bool, settings: Result<(Database, Relay)>) -> Result<Exit> {
             &mut totals,
             &mut backlog,
             started,
-            traces.as_ref(),
+            traces.as_ref().zip(place.as_ref()),
         );
         watchdog.arm(CLOSE_BUDGET, "writing the metrics file", totals);
         let result = metrics::after_run(&database, &relay, &totals, backlog, started, result);
@@ -88,7 +89,7 @@ fn run_batches(
     totals: &mut Totals,
     backlog: &mut Option<Backlog>,
     started: Instant,
-    traces: Option<&Traces>,
+    traces: Option<(&Traces, &Place)>,
 ) -> Result<Exit> {
     let stop = Stop::install()?;
     watchdog.arm(

@@ -36,6 +36,7 @@ use crate::plan;
 use crate::report::stderr;
 use crate::report::totals::Totals;
 use crate::sql::outbox::Event;
+use crate::sql::table::TableName;
 
 /// The longest a run waits at its end for the collector to take the last
 /// spans; `OTEL_EXPORTER_OTLP_TIMEOUT` shortens it. An unreachable
@@ -52,13 +53,32 @@ pub(crate) struct Traces {
     run: Context,
     warning: Arc<Warning>,
     bound: Duration,
-    /// What every batch and publish span says of where it happened.
-    database: String,
-    table: String,
     exchange: StringValue,
     /// The publish spans' name for the run's exchange, made once: a span per
     /// event must not cost an allocation it can do without.
     publish_name: &'static str,
+}
+
+/// Where a batch happened, as its span says: the outbox's database (its
+/// label: hosts and name, never a password) and table. Made once per
+/// outbox, not per batch.
+pub(crate) struct Place {
+    database: StringValue,
+    table: StringValue,
+}
+
+impl Place {
+    pub(crate) fn new(database: &str, table: &TableName) -> Place {
+        Place {
+            database: StringValue::from(Arc::<str>::from(database)),
+            table: StringValue::from(Arc::<str>::from(table.to_string())),
+        }
+    }
+
+    /// The outbox of a run over one table.
+    pub(crate) fn of(database: &Database) -> Place {
+        Place::new(&plan::label(&database.conninfo), &database.table)
+    }
 }
 
 /// A batch's span and the spans of the events it handed to the broker, in
@@ -74,7 +94,7 @@ impl Traces {
     /// nothing built, unless an OTLP endpoint is set. A configuration the
     /// exporter refuses (an endpoint that is no URL) is told on stderr and
     /// the run goes on without traces.
-    pub(crate) fn from_env(database: &Database, relay: &Relay) -> Option<Traces> {
+    pub(crate) fn from_env(relay: &Relay) -> Option<Traces> {
         let Some(endpoint) = endpoint() else {
             log::debug!(
                 "traces: no OTLP endpoint set (OTEL_EXPORTER_OTLP_ENDPOINT, \
@@ -118,21 +138,21 @@ impl Traces {
             run: Context::new().with_span(run),
             warning,
             bound: bound(),
-            database: plan::label(&database.conninfo),
-            table: database.table.to_string(),
             exchange: StringValue::from(Arc::<str>::from(relay.broker.exchange.as_str())),
             // One string per run, which lives as long as the process.
             publish_name: Box::leak(format!("publish {}", relay.broker.exchange).into_boxed_str()),
         })
     }
 
-    /// Starts the spans of a batch whose transaction began at `began`,
-    /// about to hand `events` to the broker: a publish span for each,
+    /// Starts the spans of a batch of the outbox at `place` whose
+    /// transaction began at `began`, about to hand `events` to the broker:
+    /// a publish span for each,
     /// linked to the producer's traceparent where the event's headers carry
     /// one. An event without one gets the publish span's context as its
     /// `traceparent` header, so the consumer's spans follow the relay's.
     pub(crate) fn publishing(
         &self,
+        place: &Place,
         began: (SystemTime, Instant),
         events: &mut [Event],
     ) -> BatchTrace {
@@ -141,9 +161,9 @@ impl Traces {
             .with_start_time(began.0)
             .with_attributes([
                 KeyValue::new("db.system.name", "postgresql"),
-                KeyValue::new("db.collection.name", self.table.clone()),
-                KeyValue::new("outbox_poll.database", self.database.clone()),
-                KeyValue::new("outbox_poll.table", self.table.clone()),
+                KeyValue::new("db.collection.name", place.table.clone()),
+                KeyValue::new("outbox_poll.database", place.database.clone()),
+                KeyValue::new("outbox_poll.table", place.table.clone()),
             ])
             .start_with_context(&self.tracer, &self.run);
         let batch = self.run.with_span(batch);
