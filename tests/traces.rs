@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
+use crate::common::certs::{ClientAuth, TestCa};
 use crate::common::collector::{Collector, Silent, closed_port};
+use crate::common::tls_terminator::TlsTerminator;
 use crate::common::{Extra, Fixture, Run};
 
 /// A producer's trace context, as a producer writes it in the headers column.
@@ -77,6 +79,36 @@ fn a_run_exports_its_span_its_batchs_and_one_producer_span_per_published_event()
         let wait: i64 = publish.attribute("outbox_poll.wait_ms").parse().unwrap();
         assert!((0..60_000).contains(&wait), "{wait}");
     }
+}
+
+#[test]
+fn a_publish_spans_wait_is_the_milliseconds_since_the_events_exact_created_at() {
+    let mut fx = Fixture::new("traces_wait");
+    fx.insert("e", 1);
+    // One to two seconds ago by the server's clock, at .999 of its second:
+    // a wait read in whole seconds would be 999 ms too long.
+    let before = fx.clock();
+    let since = before.duration_since(std::time::UNIX_EPOCH).unwrap();
+    let created = since.as_secs() as f64 - 2.0 + 0.999;
+    fx.execute(&format!(
+        "UPDATE {{table}} SET created_at = to_timestamp({created})"
+    ));
+    let collector = Collector::start();
+    let run = run_exporting_to(&fx, &collector.endpoint(), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let after = fx.clock().duration_since(std::time::UNIX_EPOCH).unwrap();
+
+    let wait: f64 = collector
+        .publish_of("e-1")
+        .attribute("outbox_poll.wait_ms")
+        .parse()
+        .unwrap();
+    let least = (since.as_secs_f64() - created) * 1000.0;
+    let most = (after.as_secs_f64() - created) * 1000.0;
+    assert!(
+        (least - 1.0..=most + 1.0).contains(&wait),
+        "wait {wait} ms, expected between {least:.0} and {most:.0}"
+    );
 }
 
 #[test]
@@ -255,6 +287,95 @@ fn a_closed_collector_port_delays_the_run_by_at_most_the_bound() {
     let mut fx = Fixture::new("traces_closed");
     let endpoint = format!("http://127.0.0.1:{}/v1/traces", closed_port());
     assert_costs_at_most_the_bound(&mut fx, &endpoint, "exporting failed");
+}
+
+/// A collector behind TLS with the test CA's certificate for 127.0.0.1,
+/// asking for a client certificate if told to; its https:// base URL.
+fn collector_over_tls(
+    collector: &Collector,
+    ca: &TestCa,
+    auth: ClientAuth,
+) -> (TlsTerminator, String) {
+    let target = format!("127.0.0.1:{}", collector.port).parse().unwrap();
+    let terminator = TlsTerminator::start(target, ca.server_config(auth));
+    let endpoint = format!("https://127.0.0.1:{}", terminator.port());
+    (terminator, endpoint)
+}
+
+#[test]
+fn a_collector_over_tls_that_asks_for_a_client_certificate_gets_the_spans() {
+    let mut fx = Fixture::new("traces_tls");
+    fx.insert("e", 2);
+    let collector = Collector::start();
+    let ca = TestCa::new(&["127.0.0.1"]);
+    let (terminator, endpoint) = collector_over_tls(&collector, &ca, ClientAuth::Required);
+    let (root, cert, key) = (ca.ca_cert(), ca.client_cert(), ca.client_key());
+    let env = [
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", root.to_str().unwrap()),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            cert.to_str().unwrap(),
+        ),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.to_str().unwrap()),
+    ];
+    let run = run_exporting_to(&fx, &endpoint, &env);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(
+        collector.named("outbox-poll run").len(),
+        1,
+        "{:#?}",
+        collector.spans()
+    );
+    collector.publish_of("e-2");
+    assert!(terminator.handshakes() >= 1);
+}
+
+#[test]
+fn a_collector_whose_certificate_is_not_trusted_gets_nothing_and_the_run_goes_on() {
+    let mut fx = Fixture::new("traces_tls_untrusted");
+    fx.insert("e", 2);
+    let collector = Collector::start();
+    let (theirs, ours) = (TestCa::new(&["127.0.0.1"]), TestCa::new(&["127.0.0.1"]));
+    let (terminator, endpoint) = collector_over_tls(&collector, &theirs, ClientAuth::None);
+    let root = ours.ca_cert();
+    let env = [("OTEL_EXPORTER_OTLP_CERTIFICATE", root.to_str().unwrap())];
+    let run = run_exporting_to(&fx, &endpoint, &env);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.field("published"), 2);
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(
+        lines[0].starts_with("outbox-poll: warning: traces to https://"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].contains("invalid peer certificate"),
+        "{}",
+        lines[0]
+    );
+    assert!(collector.spans().is_empty());
+    assert_eq!(terminator.handshakes(), 0);
+}
+
+#[test]
+fn a_missing_otlp_certificate_file_is_told_in_one_line_and_the_run_goes_on_without_traces() {
+    let mut fx = Fixture::new("traces_tls_nofile");
+    fx.insert("e", 1);
+    let collector = Collector::start();
+    let env = [("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem")];
+    let run = run_exporting_to(&fx, "https://127.0.0.1:9", &env);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.field("published"), 1);
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(
+        lines[0].starts_with("outbox-poll: warning: "),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains("/nonexistent/ca.pem"), "{}", lines[0]);
+    assert!(collector.spans().is_empty());
 }
 
 #[test]

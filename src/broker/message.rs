@@ -123,6 +123,7 @@ pub(crate) fn timestamp(event: &Event) -> Option<u64> {
     event
         .created_at
         .filter(|seconds| seconds.is_finite() && *seconds >= 0.0)
+        // Truncated to whole seconds: never after created_at.
         .map(|seconds| seconds as u64)
 }
 

@@ -84,7 +84,8 @@ fn created_at(seconds: Option<f64>) -> String {
         None => "null".into(),
         Some(seconds) if seconds == f64::INFINITY => "\"infinity\"".into(),
         Some(seconds) if seconds == f64::NEG_INFINITY => "\"-infinity\"".into(),
-        Some(seconds) => format!("\"{}\"", rfc3339(seconds as i64)),
+        // Floored: a second before 1970 with a fraction is the second before.
+        Some(seconds) => format!("\"{}\"", rfc3339(seconds.floor() as i64)),
     }
 }
 

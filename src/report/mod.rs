@@ -5,6 +5,7 @@
 pub(crate) mod dry_run;
 pub mod logging;
 pub mod metrics;
+pub(crate) mod otlp_client;
 pub mod panic;
 pub(crate) mod progress;
 pub mod stderr;

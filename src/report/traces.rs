@@ -23,7 +23,7 @@ use opentelemetry::trace::{
     TraceFlags, TraceId, TraceState, TracerProvider as _,
 };
 use opentelemetry::{Context, Key, KeyValue, StringValue};
-use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span, SpanData, SpanExporter};
@@ -33,8 +33,8 @@ use crate::broker::publisher::Outcome;
 use crate::config::{Database, Relay};
 use crate::exit::Exit;
 use crate::plan;
-use crate::report::stderr;
 use crate::report::totals::Totals;
+use crate::report::{otlp_client, stderr};
 use crate::sql::outbox::Event;
 use crate::sql::table::TableName;
 
@@ -107,15 +107,19 @@ impl Traces {
             told: AtomicBool::new(false),
             endpoint: endpoint.clone(),
         });
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_endpoint(endpoint.as_str())
-            .with_protocol(protocol)
-            .build();
-        let exporter = match exporter {
-            Ok(exporter) => exporter,
+        let exporter = otlp_client::for_endpoint(&endpoint, export_timeout()).and_then(|client| {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(client.clone())
+                .with_endpoint(endpoint.as_str())
+                .with_protocol(protocol)
+                .build()?;
+            Ok((exporter, client))
+        });
+        let (exporter, client) = match exporter {
+            Ok(built) => built,
             Err(error) => {
-                warning.tell(&format!("cannot export traces: {error}"));
+                warning.tell(&format!("cannot export traces: {error:#}"));
                 return None;
             }
         };
@@ -123,6 +127,7 @@ impl Traces {
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(Told {
                 inner: exporter,
+                client,
                 warning: warning.clone(),
             })
             .with_resource(resource())
@@ -295,8 +300,7 @@ impl Traces {
     }
 
     /// The messaging semantic conventions' attributes of a publish, and the
-    /// event's wait since created_at (in whole seconds, as the claim reads
-    /// it: the wait is up to a second longer than shown).
+    /// event's wait since created_at, in milliseconds.
     fn publish_attributes(&self, event: &Event, now: Duration) -> Vec<KeyValue> {
         let routing_key = event.routing_key.as_deref().unwrap_or(&event.event_type);
         let mut attributes = vec![
@@ -346,13 +350,18 @@ fn protocol() -> Protocol {
     }
 }
 
-/// The flush bound, shorter when the export timeout is
-/// (`OTEL_EXPORTER_OTLP_TIMEOUT`, in milliseconds).
+/// The flush bound, shorter when the export timeout is.
 fn bound() -> Duration {
+    export_timeout().map_or(FLUSH_BOUND, |timeout| timeout.min(FLUSH_BOUND))
+}
+
+/// The timeout of one export request, if set (`OTEL_EXPORTER_OTLP_TIMEOUT`,
+/// in milliseconds).
+fn export_timeout() -> Option<Duration> {
     variable("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
         .or_else(|| variable("OTEL_EXPORTER_OTLP_TIMEOUT"))
         .and_then(|text| text.parse().ok())
-        .map_or(FLUSH_BOUND, |ms| Duration::from_millis(ms).min(FLUSH_BOUND))
+        .map(Duration::from_millis)
 }
 
 /// The SDK's resource (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES), named
@@ -466,10 +475,12 @@ impl Warning {
     }
 }
 
-/// The OTLP exporter, its first failure told (see `Warning`).
+/// The OTLP exporter, its first failure told (see `Warning`) with the
+/// cause its client saw.
 #[derive(Debug)]
 struct Told {
     inner: opentelemetry_otlp::SpanExporter,
+    client: otlp_client::Remembering,
     warning: Arc<Warning>,
 }
 
@@ -477,7 +488,12 @@ impl SpanExporter for Told {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let exported = self.inner.export(batch).await;
         if let Err(error) = &exported {
-            self.warning.tell(&format!("exporting failed: {error}"));
+            match self.client.cause() {
+                Some(cause) => self
+                    .warning
+                    .tell(&format!("exporting failed: {error} ({cause})")),
+                None => self.warning.tell(&format!("exporting failed: {error}")),
+            }
         }
         exported
     }

@@ -182,10 +182,13 @@ struct Marks {
 /// a mark by id on a partitioned table probes the primary key of every
 /// partition for every id (60 daily partitions: 6,000 probes for a batch
 /// of 100); with it, PostgreSQL prunes at execution to the one or two
-/// partitions the batch came from. The claim floors created_at to whole
-/// seconds, so [first, last + 1] holds every event of the batch; the upper
-/// bound is inclusive so that an event created at `infinity` (whose
-/// second, and so the bound, is infinite) is in it too.
+/// partitions the batch came from. The claim reads created_at as a float8,
+/// exact to the microsecond only near 1970 (a far-future timestamp's
+/// float may round past it), so the range runs from a second before the
+/// first event's second to two past the last one's: it holds every event
+/// of the batch whatever the rounding, and still prunes to their day's
+/// partition. The upper bound is inclusive so that an event created at
+/// `infinity` (whose bound is infinite) is in it too.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Created {
     from: f64,
@@ -205,8 +208,8 @@ impl Created {
         let last = seconds.reduce(f64::max);
         match (first, last) {
             (Some(first), Some(last)) => Created {
-                from: first,
-                to: last + 1.0,
+                from: first.floor() - 1.0,
+                to: last.floor() + 2.0,
             },
             _ => Created::ALL,
         }
@@ -669,16 +672,17 @@ impl Optional<'_> {
 /// Cast to the types the code reads, so a table of the reference article
 /// with `id serial` or `attempts bigint` works instead of failing to decode,
 /// and so that no value of one row can make the claim itself fail. The
-/// timestamp is floored (AMQP's has whole seconds, and rounding could put
-/// it after created_at) and read as a float8, which holds what `extract`
-/// gives for an infinite created_at (plus or minus Infinity, where a bigint
-/// cast would fail the whole claim) and the whole seconds of every finite
-/// timestamp PostgreSQL can store, exactly (fewer than 2^53).
+/// timestamp is read as a float8 of seconds since the epoch, which holds
+/// what `extract` gives for an infinite created_at (plus or minus
+/// Infinity, where a bigint cast would fail the whole claim) and the
+/// microseconds of every timestamp within about 280 years of 1970, so an
+/// event's wait is measured in milliseconds; the AMQP timestamp floors it
+/// to whole seconds (message.rs).
 /// A bytea payload is read as it is, its raw bytes; the others as text.
 const SELECTED: &str = "id::bigint, event_id::text, event_type::text, payload::text, \
-     floor(extract(epoch FROM created_at))::float8, attempts::bigint";
+     extract(epoch FROM created_at)::float8, attempts::bigint";
 const SELECTED_BYTEA: &str = "id::bigint, event_id::text, event_type::text, payload, \
-     floor(extract(epoch FROM created_at))::float8, attempts::bigint";
+     extract(epoch FROM created_at)::float8, attempts::bigint";
 
 /// What the error of a statement that cannot be prepared says was going on.
 const PREPARING: &str = "preparing the queries";
@@ -993,16 +997,16 @@ mod tests {
             ..Event::default()
         };
         assert_eq!(
-            Created::of(&[event(Some(20.0)), event(Some(10.0)), event(Some(15.0))]),
+            Created::of(&[event(Some(20.7)), event(Some(10.5)), event(Some(15.0))]),
             Created {
-                from: 10.0,
-                to: 21.0
+                from: 9.0,
+                to: 22.0
             }
         );
         assert_eq!(
             Created::of(&[event(Some(10.0)), event(Some(f64::INFINITY))]),
             Created {
-                from: 10.0,
+                from: 9.0,
                 to: f64::INFINITY
             }
         );
@@ -1016,7 +1020,7 @@ mod tests {
         assert_eq!(
             sql,
             "SELECT id::bigint, event_id::text, event_type::text, payload::text, \
-             floor(extract(epoch FROM created_at))::float8, attempts::bigint \
+             extract(epoch FROM created_at)::float8, attempts::bigint \
              FROM \"app\".\"outbox\" \
              WHERE published_at IS NULL AND attempts < $1::int AND available_at <= now() \
                AND id >= $3::bigint \
@@ -1052,9 +1056,9 @@ mod tests {
     #[test]
     fn a_bytea_payload_is_selected_as_its_raw_bytes_and_the_rest_as_text() {
         for (payload, expected) in [
-            (Payload::Bytea, "event_type::text, payload, floor"),
-            (Payload::Json, "event_type::text, payload::text, floor"),
-            (Payload::Text, "event_type::text, payload::text, floor"),
+            (Payload::Bytea, "event_type::text, payload, extract"),
+            (Payload::Json, "event_type::text, payload::text, extract"),
+            (Payload::Text, "event_type::text, payload::text, extract"),
         ] {
             let list = selected(&Columns::default(), payload);
             assert!(list.contains(expected), "{payload:?}: {list}");
