@@ -91,7 +91,7 @@ fn many(cli: &Cli, selection: Selection) -> Result<Exit> {
             relay::many::run(cli.json, relay.map(|relay| (selection, relay)))
         }
         Some(Command::Status(args)) => status::run_many(&selection, cli.json, args),
-        Some(Command::Migrate(args)) => each(&selection, |database| migrate::run(database, args)),
+        Some(Command::Migrate(args)) => migrate::run_many(&selection, args),
         Some(Command::Requeue(args)) => each(&selection, |database| {
             requeue::run(database, cli.json, args)
         }),

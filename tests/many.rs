@@ -60,6 +60,18 @@ impl Tenants {
         assert_eq!(run.code, 0, "migrate {table}: {}", run.stderr);
         insert(&mut db, &table, name, events);
     }
+
+    /// Creates tenant `name`'s schema in the database of `url`, with no
+    /// table in it.
+    fn add_schema(&mut self, url: &str, name: &str) {
+        let schema = format!("{}_{name}", self.prefix);
+        let mut db = Client::connect(url, NoTls).unwrap();
+        db.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\""
+        ))
+        .unwrap();
+        self.made.push((schema, url.to_string()));
+    }
 }
 
 impl Drop for Tenants {
@@ -940,4 +952,65 @@ fn a_partitioned_outbox_in_a_list_is_served_though_it_has_no_pages_of_its_own() 
         HashMap::from([("p".into(), 3), ("a".into(), 2)])
     );
     assert_eq!(outboxes(&run).len(), 3, "{}", run.stdout);
+}
+
+/// Whether the outbox table of tenant `name` exists in the database of `url`.
+fn has_table(url: &str, tenants: &Tenants, name: &str) -> bool {
+    let mut db = Client::connect(url, NoTls).unwrap();
+    let sql = "SELECT to_regclass($1) IS NOT NULL";
+    let table = format!("\"{}_{name}\".outbox", tenants.prefix);
+    db.query_one(sql, &[&table]).unwrap().get(0)
+}
+
+#[test]
+fn migrate_over_a_list_creates_each_listed_table_that_is_missing_and_upgrades_the_others() {
+    let fx = Fixture::bare("many_mig_list");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 1);
+    tenants.add_schema(&url, "b");
+    tenants.add_schema(&url, "c");
+    let list = [tenants.table("a"), tenants.table("b"), tenants.table("c")].join(",");
+    let run = fx.run(&["--table", &list, "migrate"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    for name in ["b", "c"] {
+        assert!(has_table(&url, &tenants, name), "{name}: {}", run.stdout);
+        let line = format!("created the table {}", tenants.table(name));
+        assert!(run.stdout.contains(&line), "{line} not in {}", run.stdout);
+    }
+    assert!(
+        run.stdout
+            .contains(&format!("the table {} is up to date", tenants.table("a"))),
+        "{}",
+        run.stdout
+    );
+    // The tables it created are outboxes like the others.
+    let run = fx.run(&["--table", &tenants.pattern(), "status", "--json"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(run.summary()["outboxes"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn migrate_over_a_pattern_that_matches_nothing_is_78_saying_how_to_create_a_table() {
+    let fx = Fixture::bare("many_mig_nomatch");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    // A schema without its table: a pattern creates nothing in it.
+    tenants.add_schema(&url, "a");
+    let pattern = tenants.pattern();
+    let run = fx.run(&["--table", &pattern, "migrate"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_eq!(run.stdout, "");
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(lines[0].starts_with("outbox-poll: error: "), "{}", lines[0]);
+    assert!(lines[0].contains("matches no table"), "{}", lines[0]);
+    assert!(lines[0].contains(&pattern), "{}", lines[0]);
+    // Naming the table is what creates it.
+    assert!(
+        lines[0].contains("name it: `outbox-poll migrate --table "),
+        "{}",
+        lines[0]
+    );
+    assert!(!has_table(&url, &tenants, "a"));
 }
