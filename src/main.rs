@@ -95,10 +95,8 @@ fn many(cli: &Cli, selection: Selection) -> Result<Exit> {
         Some(Command::Requeue(args)) => each(&selection, |database| {
             requeue::run(database, cli.json, args)
         }),
-        Some(Command::Prune(args)) => prune::archived(args, |mut archive| {
-            each(&selection, |database| {
-                prune::run(database, cli.json, args, archive.as_deref_mut())
-            })
+        Some(Command::Prune(args)) => prune::archived(args, |archive| {
+            prune::run_many(&selection, cli.json, args, archive)
         }),
         Some(Command::Wait(args)) => {
             each(&selection, |database| wait::run(database, cli.json, args))

@@ -1014,3 +1014,141 @@ fn migrate_over_a_pattern_that_matches_nothing_is_78_saying_how_to_create_a_tabl
     );
     assert!(!has_table(&url, &tenants, "a"));
 }
+
+/// Makes every event of tenant `name` published 8 days ago.
+fn published_long_ago(fx: &mut Fixture, tenants: &Tenants, name: &str) {
+    fx.execute(&format!(
+        "UPDATE \"{}_{name}\".outbox SET published_at = now() - interval '8 days'",
+        tenants.prefix
+    ));
+}
+
+/// The `outboxes` of a subcommand's summary, by table: the object.
+fn listed_by_table(run: &Run) -> HashMap<String, serde_json::Value> {
+    let summary = run.summary();
+    let list = summary["outboxes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no outboxes in {}", run.stdout));
+    list.iter()
+        .map(|outbox| {
+            (
+                outbox["table"].as_str().unwrap().to_string(),
+                outbox.clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn prune_over_many_outboxes_prints_one_summary_archives_every_row_and_exits_the_most_urgent() {
+    let mut fx = Fixture::bare("many_prune_all");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    tenants.add(&fx, &url, "b", 3);
+    tenants.add(&fx, &url, "broken", 1);
+    for name in ["a", "b", "broken"] {
+        published_long_ago(&mut fx, &tenants, name);
+    }
+    fx.execute(&format!(
+        "ALTER TABLE \"{}_broken\".outbox DROP COLUMN published_at",
+        tenants.prefix
+    ));
+    let dir = Scratch::new("many_prune_all");
+    let archive = dir.path().join("pruned.jsonl");
+    let archive_text = archive.display().to_string();
+    let pattern = tenants.pattern();
+    let args = ["--table", &pattern, "prune", "--older-than", "7d"];
+    let run = fx.run(&[&args[..], &["--archive", &archive_text, "--json"]].concat());
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(
+        lines[0].contains(&format!("table {}", tenants.table("broken"))),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    assert_eq!(run.field("published"), 5);
+    let listed = listed_by_table(&run);
+    assert_eq!(listed.len(), 2, "{}", run.stdout);
+    for (name, published) in [("a", 2), ("b", 3)] {
+        let one = &listed[&tenants.table(name)];
+        assert_eq!(one["published"], published, "{}", run.stdout);
+        assert_eq!(one["database"].as_str(), Some(label_of("test").as_str()));
+    }
+    let text = std::fs::read_to_string(&archive).unwrap();
+    let mut archived: Vec<String> = text
+        .lines()
+        .map(|line| {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            row["event_id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    archived.sort();
+    assert_eq!(archived, ["a-1", "a-2", "b-1", "b-2", "b-3"]);
+    // In text, a line per outbox and the total.
+    tenants.add(&fx, &url, "c", 1);
+    published_long_ago(&mut fx, &tenants, "c");
+    let list = [tenants.table("a"), tenants.table("c")].join(",");
+    let run = fx.run(&["--table", &list, "prune", "--older-than", "7d"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert!(
+        run.stdout.contains(&format!(
+            "table {}: deleted 1 published event older than 7d",
+            tenants.table("c")
+        )),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .ends_with("total over 2 outbox(es): deleted 1 published event older than 7d\n"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn prune_over_shards_prunes_each_outbox_once_each_shard_one_summary_of_its_own() {
+    let mut fx = Fixture::bare("many_prune_shard");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    let names: Vec<String> = (0..6).map(|n| format!("p{n}")).collect();
+    for name in &names {
+        tenants.add(&fx, &url, name, 2);
+        published_long_ago(&mut fx, &tenants, name);
+    }
+    let rows = |name: &str| -> i64 {
+        let sql = format!("SELECT count(*) FROM \"{}_{name}\".outbox", tenants.prefix);
+        fx.connect().query_one(&sql, &[]).unwrap().get(0)
+    };
+    let mut seen = HashSet::new();
+    for index in 0..2 {
+        let shard = format!("{index}/2");
+        let args = ["--table", &tenants.pattern(), "--shard", &shard];
+        let run = fx.run(&[&args[..], &["prune", "--older-than", "7d", "--json"]].concat());
+        assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+        assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+        // The tenants this shard pruned, as the tables say.
+        let pruned: HashSet<String> = names
+            .iter()
+            .filter(|name| !seen.contains(&tenants.table(name)) && rows(name) == 0)
+            .map(|name| tenants.table(name))
+            .collect();
+        assert_eq!(
+            run.field("published"),
+            2 * pruned.len() as i64,
+            "{}",
+            run.stdout
+        );
+        // A shard of one outbox reports it as a single outbox's summary.
+        if pruned.len() > 1 {
+            let listed: HashSet<String> = listed_by_table(&run).into_keys().collect();
+            assert_eq!(listed, pruned, "{}", run.stdout);
+        }
+        seen.extend(pruned);
+    }
+    let every: HashSet<String> = names.iter().map(|name| tenants.table(name)).collect();
+    assert_eq!(seen, every);
+}
