@@ -98,9 +98,7 @@ fn many(cli: &Cli, selection: Selection) -> Result<Exit> {
         Some(Command::Prune(args)) => prune::archived(args, |archive| {
             prune::run_many(&selection, cli.json, args, archive)
         }),
-        Some(Command::Wait(args)) => {
-            each(&selection, |database| wait::run(database, cli.json, args))
-        }
+        Some(Command::Wait(args)) => wait::run_many(&selection, cli.json, args),
         Some(Command::Check(args)) => check::run_many(&selection, cli.json, args),
         Some(Command::Replay(args)) => replay::run(cli, args),
         Some(Command::Completions { shell }) => generate::completions(*shell),

@@ -1152,3 +1152,75 @@ fn prune_over_shards_prunes_each_outbox_once_each_shard_one_summary_of_its_own()
     let every: HashSet<String> = names.iter().map(|name| tenants.table(name)).collect();
     assert_eq!(seen, every);
 }
+
+#[test]
+fn wait_over_many_outboxes_gives_up_at_one_deadline_for_all_saying_what_is_left_in_each() {
+    let fx = Fixture::bare("many_wait_left");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    for name in ["a", "b", "c"] {
+        tenants.add(&fx, &url, name, 1);
+    }
+    let started = std::time::Instant::now();
+    let args = ["--table", &tenants.pattern(), "wait", "--timeout", "1s"];
+    let run = fx.run(&[&args[..], &["--json"]].concat());
+    let took = started.elapsed();
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    // One deadline: not a second per outbox.
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", run.stderr);
+    for name in ["a", "b", "c"] {
+        let table = tenants.table(name);
+        let line = lines
+            .iter()
+            .find(|line| line.contains(&format!("{table} of")));
+        let line = line.unwrap_or_else(|| panic!("nothing about {table}: {}", run.stderr));
+        assert!(line.contains("timed out after 1s: 1 event "), "{line}");
+    }
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    assert_eq!(run.field("left"), 3);
+    assert_eq!(run.field("exit_code"), 1);
+    let listed = listed_by_table(&run);
+    assert_eq!(listed.len(), 3, "{}", run.stdout);
+    for name in ["a", "b", "c"] {
+        let one = &listed[&tenants.table(name)];
+        assert_eq!(one["left"], 1, "{}", run.stdout);
+        assert_eq!(one["database"].as_str(), Some(label_of("test").as_str()));
+    }
+}
+
+#[test]
+fn wait_over_many_outboxes_waits_only_for_the_events_committed_before_it_started_in_each() {
+    let fx = Fixture::bare("many_wait_since");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 1);
+    tenants.add(&fx, &url, "b", 0);
+    let wait = fx
+        .command()
+        .args(["--table", &tenants.pattern(), "wait", "--timeout", "5s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The wait is looking at what is left in a (b has nothing to wait for).
+    let mut db = fx.connect();
+    let looking = crate::common::wait_until(Duration::from_secs(5), || {
+        let sql = "SELECT EXISTS (SELECT FROM pg_stat_activity \
+                   WHERE query LIKE '%pg_visible_in_snapshot%' AND query LIKE '%' || $1 || '%')";
+        let a = format!("{}_a", tenants.prefix);
+        db.query_one(sql, &[&a]).unwrap().get(0)
+    });
+    assert!(looking, "the wait never looked at tenant a");
+    // Committed in b after the wait started: not waited for, though a
+    // wait that took b's horizon only once a was done would wait for it.
+    insert(&mut db, &tenants.table("b"), "late", 1);
+    db.batch_execute(&format!(
+        "UPDATE \"{}_a\".outbox SET published_at = now()",
+        tenants.prefix
+    ))
+    .unwrap();
+    let run = Run::from(wait.wait_with_output().unwrap());
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+}
