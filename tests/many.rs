@@ -1224,3 +1224,147 @@ fn wait_over_many_outboxes_waits_only_for_the_events_committed_before_it_started
     let run = Run::from(wait.wait_with_output().unwrap());
     assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
 }
+
+/// The shard of `table` in the shared test database, of `count`: the
+/// FNV-1a hash the contract gives, computed here on its own.
+fn shard_of(table: &str, count: u64) -> u64 {
+    let key = format!("{}/{table}", label_of("test"));
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.bytes() {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash % count
+}
+
+#[test]
+fn each_shard_counts_its_own_outboxes_and_alone_reports_a_listed_table_that_is_missing() {
+    let fx = Fixture::bare("many_st_shard");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    let names: Vec<String> = (0..6).map(|n| format!("s{n}")).collect();
+    for (n, name) in names.iter().enumerate() {
+        tenants.add(&fx, &url, name, n as i64 + 1);
+    }
+    // A listed table whose schema does not exist either: even migrate
+    // cannot create it, so every command reports it.
+    let missing = tenants.table("gone");
+    let list = format!("{},{missing}", tenants.pattern());
+    let mut pending = [0, 0];
+    for (n, name) in names.iter().enumerate() {
+        pending[shard_of(&tenants.table(name), 2) as usize] += n as i64 + 1;
+    }
+    let owner = shard_of(&missing, 2);
+    for index in 0..2u64 {
+        let shard = format!("{index}/2");
+        let run = fx.run(&["--table", &list, "--shard", &shard, "status", "--json"]);
+        assert_eq!(
+            run.field("pending"),
+            pending[index as usize],
+            "{}",
+            run.stdout
+        );
+        let expected = match index == owner {
+            true => (78, 1),
+            false => (0, 0),
+        };
+        assert_eq!(
+            (run.code, run.stderr.matches(&missing).count().min(1)),
+            expected,
+            "shard {shard}: {}",
+            run.stderr
+        );
+    }
+    // Every command over the same selection: the missing table is the
+    // business of its shard's run alone.
+    let commands: [&[&str]; 7] = [
+        &["--json"],
+        &["check", "--json"],
+        &["requeue", "--dead"],
+        &["prune", "--older-than", "7d"],
+        &["wait", "--timeout", "5s"],
+        &["migrate"],
+        &["status"],
+    ];
+    for command in commands {
+        for index in 0..2u64 {
+            let shard = format!("{index}/2");
+            let args = [&["--table", &list, "--shard", &shard][..], command].concat();
+            let run = fx.run(&args);
+            assert_eq!(
+                run.stderr.contains(&missing),
+                index == owner,
+                "{command:?} in shard {shard} (the table is in shard {owner}): {}",
+                run.stderr
+            );
+            assert_eq!(
+                run.code == 78,
+                index == owner,
+                "{command:?}: {}",
+                run.stderr
+            );
+        }
+    }
+    // The plain runs above published every tenant's events once.
+    assert_eq!(per_tenant(&fx).values().sum::<usize>(), 21);
+}
+
+#[test]
+fn check_over_a_selection_checks_each_outbox_and_names_the_ones_that_fail() {
+    let mut fx = Fixture::bare("many_check_each");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    for name in ["a", "b", "c"] {
+        tenants.add(&fx, &url, name, 0);
+    }
+    fx.execute(&format!(
+        "ALTER TABLE \"{}_b\".outbox DROP COLUMN last_error",
+        tenants.prefix
+    ));
+    let missing = tenants.table("gone");
+    let list = format!("{},{missing}", tenants.pattern());
+    let run = fx.run(&["--table", &list, "check", "--json"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    let summary = run.summary();
+    let mut by_table: HashMap<String, Vec<String>> = HashMap::new();
+    for check in summary["checks"].as_array().unwrap() {
+        if let Some(table) = check["table"].as_str() {
+            assert_eq!(check["database"].as_str(), Some(label_of("test").as_str()));
+            let outcome = format!("{} {}", check["name"], check["status"]).replace('"', "");
+            by_table.entry(table.to_string()).or_default().push(outcome);
+        }
+    }
+    let all_ok = ["postgresql ok", "table ok", "columns ok", "grants ok"];
+    assert_eq!(by_table[&tenants.table("a")], all_ok, "{}", run.stdout);
+    assert_eq!(by_table[&tenants.table("c")], all_ok, "{}", run.stdout);
+    assert_eq!(
+        by_table[&tenants.table("b")],
+        [
+            "postgresql ok",
+            "table ok",
+            "columns failed",
+            "grants skipped"
+        ],
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        by_table[&missing],
+        [
+            "postgresql ok",
+            "table failed",
+            "columns skipped",
+            "grants skipped"
+        ],
+        "{}",
+        run.stdout
+    );
+    assert_eq!(by_table.len(), 4, "{}", run.stdout);
+    // The broker's checks, once.
+    let publish = summary["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|check| check["name"] == "publish")
+        .count();
+    assert_eq!(publish, 1, "{}", run.stdout);
+}
