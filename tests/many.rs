@@ -1368,3 +1368,67 @@ fn check_over_a_selection_checks_each_outbox_and_names_the_ones_that_fail() {
         .count();
     assert_eq!(publish, 1, "{}", run.stdout);
 }
+
+#[test]
+fn requeue_over_many_outboxes_prints_one_summary_and_tells_each_id_once() {
+    let mut fx = Fixture::bare("many_rq_json");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    tenants.add(&fx, &url, "b", 2);
+    tenants.add(&fx, &url, "c", 1);
+    let prefix = tenants.prefix.clone();
+    fx.execute(&format!("UPDATE \"{prefix}_a\".outbox SET attempts = 10"));
+    fx.execute(&format!(
+        "UPDATE \"{prefix}_b\".outbox SET published_at = now() WHERE event_id = 'b-2'"
+    ));
+    let pattern = tenants.pattern();
+    let ids = ["a-1", "b-2", "nobody-1"];
+    let args = [
+        &["--table", &pattern, "requeue", "--json", "--event-id"][..],
+        &ids,
+    ]
+    .concat();
+    let run = fx.run(&args);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    // a-1 is a's, requeued; b-2 is b's, published; nobody-1 is nowhere:
+    // a line each, whatever the other outboxes hold.
+    let mut lines: Vec<&str> = run.stderr.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "outbox-poll: event id b-2 is already published; left as it is",
+            "outbox-poll: unknown event id: nobody-1",
+        ],
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    let summary = run.summary();
+    assert_eq!(summary["requeued"], 1, "{}", run.stdout);
+    assert_eq!(summary["unknown"], serde_json::json!(["nobody-1"]));
+    assert_eq!(summary["already_published"], serde_json::json!(["b-2"]));
+    let listed = listed_by_table(&run);
+    assert_eq!(listed.len(), 3, "{}", run.stdout);
+    for (name, requeued) in [("a", 1), ("b", 0), ("c", 0)] {
+        let one = &listed[&tenants.table(name)];
+        assert_eq!(one["requeued"], requeued, "{}", run.stdout);
+        assert_eq!(one["database"].as_str(), Some(label_of("test").as_str()));
+    }
+    // The dead of every tenant, in text: a line per outbox and the total.
+    let run = fx.run(&["--table", &pattern, "requeue", "--dead"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains(&format!("table {}: requeued 1 event\n", tenants.table("a"))),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .ends_with("total over 3 outbox(es): requeued 1 event\n"),
+        "{}",
+        run.stdout
+    );
+}
