@@ -34,7 +34,8 @@ struct Report {
 }
 
 pub fn run(database: &Database, json: bool, args: &RequeueArgs) -> Result<Exit> {
-    let report = requeue(database, args)?;
+    let watchdog = Watchdog::spawn(|_| {})?;
+    let report = requeue(database, args, &watchdog)?;
     tell(&report, json)?;
     Ok(report.exit())
 }
@@ -52,8 +53,14 @@ pub fn run_many(selection: &Selection, json: bool, args: &RequeueArgs) -> Result
     // Each outbox is requeued on a session of its own.
     drop(plan);
     let (mut each, mut exits) = (Vec::new(), Vec::new());
+    // One watchdog thread for them all, armed again for each.
+    let watchdog = Watchdog::spawn(|_| {})?;
     for (database, name) in all {
-        match database.and_then(|database| Ok((requeue(&database, args)?, database))) {
+        let requeued = database.and_then(|database| {
+            let report = requeue(&database, args, &watchdog)?;
+            Ok((report, database))
+        });
+        match requeued {
             Ok((report, database)) => each.push((name, database, report)),
             Err(error) => {
                 stderr::line(&format!("outbox-poll: error: {name}: {error:#}"));
@@ -61,6 +68,7 @@ pub fn run_many(selection: &Selection, json: bool, args: &RequeueArgs) -> Result
             }
         }
     }
+    watchdog.disarm();
     let reports: Vec<&Report> = each.iter().map(|(_, _, report)| report).collect();
     let total = Report::over(&reports);
     tell_left_alone(&total);
@@ -164,10 +172,10 @@ impl Report {
     }
 }
 
-/// Requeues in one outbox.
-fn requeue(database: &Database, args: &RequeueArgs) -> Result<Report> {
+/// Requeues in one outbox, under `watchdog`.
+fn requeue(database: &Database, args: &RequeueArgs, watchdog: &Watchdog) -> Result<Report> {
     // One statement updates and reports (a margin of two more).
-    let _watchdog = Watchdog::for_command(database.connect_budget(), 3, "requeue")?;
+    watchdog.arm_command(database.connect_budget(), 3, "requeue");
     let mut client = super::connect(database)?;
     let table = &database.table;
     columns::check_mapping(&mut client, table, "requeueing")?;

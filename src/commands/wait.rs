@@ -237,8 +237,9 @@ impl Waiting {
 
 /// The sessions of a wait over many outboxes: one per database, at most
 /// --max-connections open at once (the one used longest ago is closed to
-/// make room). A session whose statement failed is closed: the next look
-/// at its database opens another.
+/// make room: they are kept in the order of their last use). A session
+/// whose statement failed is closed: the next look at its database opens
+/// another.
 struct Sessions {
     clients: Vec<(ConnInfo, Client)>,
     most: usize,
@@ -265,9 +266,10 @@ impl Sessions {
                 self.clients.len() - 1
             }
         };
-        let result = statement(&mut self.clients[at].1);
-        if result.is_err() {
-            self.clients.remove(at);
+        let (info, mut client) = self.clients.remove(at);
+        let result = statement(&mut client);
+        if result.is_ok() {
+            self.clients.push((info, client));
         }
         result
     }
