@@ -63,7 +63,7 @@ pub fn run_many(selection: &Selection, json: bool, args: &RequeueArgs) -> Result
         match requeued {
             Ok((report, database)) => each.push((name, database, report)),
             Err(error) => {
-                stderr::line(&format!("outbox-poll: error: {name}: {error:#}"));
+                stderr::line(&format!("outbox-poll: error: database {name}: {error:#}"));
                 exits.push(Exit::of(&error));
             }
         }

@@ -126,7 +126,7 @@ pub fn run_many(selection: &Selection, json: bool, args: &WaitArgs) -> Result<Ex
                 left: None,
             }),
             Err(error) => {
-                stderr::line(&format!("outbox-poll: error: {name}: {error:#}"));
+                stderr::line(&format!("outbox-poll: error: database {name}: {error:#}"));
                 exits.push(Exit::of(&error));
             }
         }
@@ -142,7 +142,7 @@ pub fn run_many(selection: &Selection, json: bool, args: &WaitArgs) -> Result<Ex
                 Ok(left) => one.left = Some(Ok(left)),
                 Err(error) => {
                     stderr::line(&format!(
-                        "outbox-poll: error: {}, table {}: {error:#}",
+                        "outbox-poll: error: database {}, table {}: {error:#}",
                         crate::plan::label(&database.conninfo),
                         database.table
                     ));
