@@ -8,7 +8,6 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use outbox_poll::cli::{Cli, Command};
-use outbox_poll::commands;
 use outbox_poll::commands::{check, generate, migrate, prune, replay, requeue, status, wait};
 use outbox_poll::config::{Database, Relay};
 use outbox_poll::connect::libpq::process_env;
@@ -91,42 +90,15 @@ fn many(cli: &Cli, selection: Selection) -> Result<Exit> {
             relay::many::run(cli.json, relay.map(|relay| (selection, relay)))
         }
         Some(Command::Status(args)) => status::run_many(&selection, cli.json, args),
-        Some(Command::Migrate(args)) => each(&selection, |database| migrate::run(database, args)),
-        Some(Command::Requeue(args)) => each(&selection, |database| {
-            requeue::run(database, cli.json, args)
+        Some(Command::Migrate(args)) => migrate::run_many(&selection, args),
+        Some(Command::Requeue(args)) => requeue::run_many(&selection, cli.json, args),
+        Some(Command::Prune(args)) => prune::archived(args, |archive| {
+            prune::run_many(&selection, cli.json, args, archive)
         }),
-        Some(Command::Prune(args)) => prune::archived(args, |mut archive| {
-            each(&selection, |database| {
-                prune::run(database, cli.json, args, archive.as_deref_mut())
-            })
-        }),
-        Some(Command::Wait(args)) => {
-            each(&selection, |database| wait::run(database, cli.json, args))
-        }
+        Some(Command::Wait(args)) => wait::run_many(&selection, cli.json, args),
         Some(Command::Check(args)) => check::run_many(&selection, cli.json, args),
         Some(Command::Replay(args)) => replay::run(cli, args),
         Some(Command::Completions { shell }) => generate::completions(*shell),
         Some(Command::Man) => generate::man(),
     }
-}
-
-/// A subcommand run on each outbox of the selection in turn; a failing
-/// outbox is told on stderr (naming its database and table) and the
-/// others go on. The exit is the most urgent of theirs.
-fn each(selection: &Selection, mut command: impl FnMut(&Database) -> Result<Exit>) -> Result<Exit> {
-    let mut exits = Vec::new();
-    let (outboxes, plan) = commands::each(selection)?;
-    // Each subcommand opens its own session.
-    drop(plan);
-    for (database, label) in outboxes {
-        let exit = match database.and_then(|database| command(&database)) {
-            Ok(exit) => exit,
-            Err(error) => {
-                stderr::line(&format!("outbox-poll: error: database {label}: {error:#}"));
-                Exit::of(&error)
-            }
-        };
-        exits.push(exit);
-    }
-    Ok(relay::many::most_urgent(exits.into_iter()))
 }

@@ -60,6 +60,18 @@ impl Tenants {
         assert_eq!(run.code, 0, "migrate {table}: {}", run.stderr);
         insert(&mut db, &table, name, events);
     }
+
+    /// Creates tenant `name`'s schema in the database of `url`, with no
+    /// table in it.
+    fn add_schema(&mut self, url: &str, name: &str) {
+        let schema = format!("{}_{name}", self.prefix);
+        let mut db = Client::connect(url, NoTls).unwrap();
+        db.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\""
+        ))
+        .unwrap();
+        self.made.push((schema, url.to_string()));
+    }
 }
 
 impl Drop for Tenants {
@@ -940,4 +952,483 @@ fn a_partitioned_outbox_in_a_list_is_served_though_it_has_no_pages_of_its_own() 
         HashMap::from([("p".into(), 3), ("a".into(), 2)])
     );
     assert_eq!(outboxes(&run).len(), 3, "{}", run.stdout);
+}
+
+/// Whether the outbox table of tenant `name` exists in the database of `url`.
+fn has_table(url: &str, tenants: &Tenants, name: &str) -> bool {
+    let mut db = Client::connect(url, NoTls).unwrap();
+    let sql = "SELECT to_regclass($1) IS NOT NULL";
+    let table = format!("\"{}_{name}\".outbox", tenants.prefix);
+    db.query_one(sql, &[&table]).unwrap().get(0)
+}
+
+#[test]
+fn migrate_over_a_list_creates_each_listed_table_that_is_missing_and_upgrades_the_others() {
+    let fx = Fixture::bare("many_mig_list");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 1);
+    tenants.add_schema(&url, "b");
+    tenants.add_schema(&url, "c");
+    let list = [tenants.table("a"), tenants.table("b"), tenants.table("c")].join(",");
+    let run = fx.run(&["--table", &list, "migrate"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    for name in ["b", "c"] {
+        assert!(has_table(&url, &tenants, name), "{name}: {}", run.stdout);
+        let line = format!("created the table {}", tenants.table(name));
+        assert!(run.stdout.contains(&line), "{line} not in {}", run.stdout);
+    }
+    assert!(
+        run.stdout
+            .contains(&format!("the table {} is up to date", tenants.table("a"))),
+        "{}",
+        run.stdout
+    );
+    // The tables it created are outboxes like the others.
+    let run = fx.run(&["--table", &tenants.pattern(), "status", "--json"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert_eq!(run.summary()["outboxes"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn migrate_over_a_pattern_that_matches_nothing_is_78_saying_how_to_create_a_table() {
+    let fx = Fixture::bare("many_mig_nomatch");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    // A schema without its table: a pattern creates nothing in it.
+    tenants.add_schema(&url, "a");
+    let pattern = tenants.pattern();
+    let run = fx.run(&["--table", &pattern, "migrate"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    assert_eq!(run.stdout, "");
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(lines[0].starts_with("outbox-poll: error: "), "{}", lines[0]);
+    assert!(lines[0].contains("matches no table"), "{}", lines[0]);
+    assert!(lines[0].contains(&pattern), "{}", lines[0]);
+    // Naming the table is what creates it.
+    assert!(
+        lines[0].contains("name it: `outbox-poll migrate --table "),
+        "{}",
+        lines[0]
+    );
+    assert!(!has_table(&url, &tenants, "a"));
+}
+
+/// Makes every event of tenant `name` published 8 days ago.
+fn published_long_ago(fx: &mut Fixture, tenants: &Tenants, name: &str) {
+    fx.execute(&format!(
+        "UPDATE \"{}_{name}\".outbox SET published_at = now() - interval '8 days'",
+        tenants.prefix
+    ));
+}
+
+/// The `outboxes` of a subcommand's summary, by table: the object.
+fn listed_by_table(run: &Run) -> HashMap<String, serde_json::Value> {
+    let summary = run.summary();
+    let list = summary["outboxes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no outboxes in {}", run.stdout));
+    list.iter()
+        .map(|outbox| {
+            (
+                outbox["table"].as_str().unwrap().to_string(),
+                outbox.clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn prune_over_many_outboxes_prints_one_summary_archives_every_row_and_exits_the_most_urgent() {
+    let mut fx = Fixture::bare("many_prune_all");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    tenants.add(&fx, &url, "b", 3);
+    tenants.add(&fx, &url, "broken", 1);
+    for name in ["a", "b", "broken"] {
+        published_long_ago(&mut fx, &tenants, name);
+    }
+    fx.execute(&format!(
+        "ALTER TABLE \"{}_broken\".outbox DROP COLUMN published_at",
+        tenants.prefix
+    ));
+    let dir = Scratch::new("many_prune_all");
+    let archive = dir.path().join("pruned.jsonl");
+    let archive_text = archive.display().to_string();
+    let pattern = tenants.pattern();
+    let args = ["--table", &pattern, "prune", "--older-than", "7d"];
+    let run = fx.run(&[&args[..], &["--archive", &archive_text, "--json"]].concat());
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(
+        lines[0].contains(&format!("table {}", tenants.table("broken"))),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    assert_eq!(run.field("published"), 5);
+    let listed = listed_by_table(&run);
+    assert_eq!(listed.len(), 2, "{}", run.stdout);
+    for (name, published) in [("a", 2), ("b", 3)] {
+        let one = &listed[&tenants.table(name)];
+        assert_eq!(one["published"], published, "{}", run.stdout);
+        assert_eq!(one["database"].as_str(), Some(label_of("test").as_str()));
+    }
+    let text = std::fs::read_to_string(&archive).unwrap();
+    let mut archived: Vec<String> = text
+        .lines()
+        .map(|line| {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            row["event_id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    archived.sort();
+    assert_eq!(archived, ["a-1", "a-2", "b-1", "b-2", "b-3"]);
+    // In text, a line per outbox and the total.
+    tenants.add(&fx, &url, "c", 1);
+    published_long_ago(&mut fx, &tenants, "c");
+    let list = [tenants.table("a"), tenants.table("c")].join(",");
+    let run = fx.run(&["--table", &list, "prune", "--older-than", "7d"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert!(
+        run.stdout.contains(&format!(
+            "table {}: deleted 1 published event older than 7d",
+            tenants.table("c")
+        )),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .ends_with("total over 2 outbox(es): deleted 1 published event older than 7d\n"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn prune_over_shards_prunes_each_outbox_once_each_shard_one_summary_of_its_own() {
+    let mut fx = Fixture::bare("many_prune_shard");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    let names: Vec<String> = (0..6).map(|n| format!("p{n}")).collect();
+    for name in &names {
+        tenants.add(&fx, &url, name, 2);
+        published_long_ago(&mut fx, &tenants, name);
+    }
+    let rows = |name: &str| -> i64 {
+        let sql = format!("SELECT count(*) FROM \"{}_{name}\".outbox", tenants.prefix);
+        fx.connect().query_one(&sql, &[]).unwrap().get(0)
+    };
+    let mut seen = HashSet::new();
+    for index in 0..2 {
+        let shard = format!("{index}/2");
+        let args = ["--table", &tenants.pattern(), "--shard", &shard];
+        let run = fx.run(&[&args[..], &["prune", "--older-than", "7d", "--json"]].concat());
+        assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+        assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+        // The tenants this shard pruned, as the tables say.
+        let pruned: HashSet<String> = names
+            .iter()
+            .filter(|name| !seen.contains(&tenants.table(name)) && rows(name) == 0)
+            .map(|name| tenants.table(name))
+            .collect();
+        assert_eq!(
+            run.field("published"),
+            2 * pruned.len() as i64,
+            "{}",
+            run.stdout
+        );
+        // A shard of one outbox reports it as a single outbox's summary.
+        if pruned.len() > 1 {
+            let listed: HashSet<String> = listed_by_table(&run).into_keys().collect();
+            assert_eq!(listed, pruned, "{}", run.stdout);
+        }
+        seen.extend(pruned);
+    }
+    let every: HashSet<String> = names.iter().map(|name| tenants.table(name)).collect();
+    assert_eq!(seen, every);
+}
+
+#[test]
+fn wait_over_many_outboxes_gives_up_at_one_deadline_for_all_saying_what_is_left_in_each() {
+    let fx = Fixture::bare("many_wait_left");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    for name in ["a", "b", "c"] {
+        tenants.add(&fx, &url, name, 1);
+    }
+    let started = std::time::Instant::now();
+    let args = ["--table", &tenants.pattern(), "wait", "--timeout", "1s"];
+    let run = fx.run(&[&args[..], &["--json"]].concat());
+    let took = started.elapsed();
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    // One deadline: not a second per outbox.
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", run.stderr);
+    for name in ["a", "b", "c"] {
+        let table = tenants.table(name);
+        let line = lines
+            .iter()
+            .find(|line| line.contains(&format!("{table} of")));
+        let line = line.unwrap_or_else(|| panic!("nothing about {table}: {}", run.stderr));
+        assert!(line.contains("timed out after 1s: 1 event "), "{line}");
+    }
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    assert_eq!(run.field("left"), 3);
+    assert_eq!(run.field("exit_code"), 1);
+    let listed = listed_by_table(&run);
+    assert_eq!(listed.len(), 3, "{}", run.stdout);
+    for name in ["a", "b", "c"] {
+        let one = &listed[&tenants.table(name)];
+        assert_eq!(one["left"], 1, "{}", run.stdout);
+        assert_eq!(one["database"].as_str(), Some(label_of("test").as_str()));
+    }
+}
+
+#[test]
+fn wait_over_many_outboxes_waits_only_for_the_events_committed_before_it_started_in_each() {
+    let fx = Fixture::bare("many_wait_since");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 1);
+    tenants.add(&fx, &url, "b", 0);
+    let wait = fx
+        .command()
+        .args(["--table", &tenants.pattern(), "wait", "--timeout", "5s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The wait is looking at what is left in a (b has nothing to wait for).
+    let mut db = fx.connect();
+    let looking = crate::common::wait_until(Duration::from_secs(5), || {
+        let sql = "SELECT EXISTS (SELECT FROM pg_stat_activity \
+                   WHERE query LIKE '%pg_visible_in_snapshot%' AND query LIKE '%' || $1 || '%')";
+        let a = format!("{}_a", tenants.prefix);
+        db.query_one(sql, &[&a]).unwrap().get(0)
+    });
+    assert!(looking, "the wait never looked at tenant a");
+    // Committed in b after the wait started: not waited for, though a
+    // wait that took b's horizon only once a was done would wait for it.
+    insert(&mut db, &tenants.table("b"), "late", 1);
+    db.batch_execute(&format!(
+        "UPDATE \"{}_a\".outbox SET published_at = now()",
+        tenants.prefix
+    ))
+    .unwrap();
+    let run = Run::from(wait.wait_with_output().unwrap());
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+}
+
+/// The shard of `table` in the shared test database, of `count`: the
+/// FNV-1a hash the contract gives, computed here on its own.
+fn shard_of(table: &str, count: u64) -> u64 {
+    let key = format!("{}/{table}", label_of("test"));
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.bytes() {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash % count
+}
+
+#[test]
+fn each_shard_counts_its_own_outboxes_and_alone_reports_a_listed_table_that_is_missing() {
+    let fx = Fixture::bare("many_st_shard");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    let names: Vec<String> = (0..6).map(|n| format!("s{n}")).collect();
+    for (n, name) in names.iter().enumerate() {
+        tenants.add(&fx, &url, name, n as i64 + 1);
+    }
+    // A listed table whose schema does not exist either: even migrate
+    // cannot create it, so every command reports it.
+    let missing = tenants.table("gone");
+    let list = format!("{},{missing}", tenants.pattern());
+    let mut pending = [0, 0];
+    for (n, name) in names.iter().enumerate() {
+        pending[shard_of(&tenants.table(name), 2) as usize] += n as i64 + 1;
+    }
+    let owner = shard_of(&missing, 2);
+    for index in 0..2u64 {
+        let shard = format!("{index}/2");
+        let run = fx.run(&["--table", &list, "--shard", &shard, "status", "--json"]);
+        assert_eq!(
+            run.field("pending"),
+            pending[index as usize],
+            "{}",
+            run.stdout
+        );
+        let expected = match index == owner {
+            true => (78, 1),
+            false => (0, 0),
+        };
+        assert_eq!(
+            (run.code, run.stderr.matches(&missing).count().min(1)),
+            expected,
+            "shard {shard}: {}",
+            run.stderr
+        );
+    }
+    // Every command over the same selection: the missing table is the
+    // business of its shard's run alone.
+    let commands: [&[&str]; 7] = [
+        &["--json"],
+        &["check", "--json"],
+        &["requeue", "--dead"],
+        &["prune", "--older-than", "7d"],
+        &["wait", "--timeout", "5s"],
+        &["migrate"],
+        &["status"],
+    ];
+    for command in commands {
+        for index in 0..2u64 {
+            let shard = format!("{index}/2");
+            let args = [&["--table", &list, "--shard", &shard][..], command].concat();
+            let run = fx.run(&args);
+            assert_eq!(
+                run.stderr.contains(&missing),
+                index == owner,
+                "{command:?} in shard {shard} (the table is in shard {owner}): {}",
+                run.stderr
+            );
+            assert_eq!(
+                run.code == 78,
+                index == owner,
+                "{command:?}: {}",
+                run.stderr
+            );
+        }
+    }
+    // The plain runs above published every tenant's events once.
+    assert_eq!(per_tenant(&fx).values().sum::<usize>(), 21);
+}
+
+#[test]
+fn check_over_a_selection_checks_each_outbox_and_names_the_ones_that_fail() {
+    let mut fx = Fixture::bare("many_check_each");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    for name in ["a", "b", "c"] {
+        tenants.add(&fx, &url, name, 0);
+    }
+    fx.execute(&format!(
+        "ALTER TABLE \"{}_b\".outbox DROP COLUMN last_error",
+        tenants.prefix
+    ));
+    let missing = tenants.table("gone");
+    let list = format!("{},{missing}", tenants.pattern());
+    let run = fx.run(&["--table", &list, "check", "--json"]);
+    assert_eq!(run.code, 78, "{}", run.stderr);
+    let summary = run.summary();
+    let mut by_table: HashMap<String, Vec<String>> = HashMap::new();
+    for check in summary["checks"].as_array().unwrap() {
+        if let Some(table) = check["table"].as_str() {
+            assert_eq!(check["database"].as_str(), Some(label_of("test").as_str()));
+            let outcome = format!("{} {}", check["name"], check["status"]).replace('"', "");
+            by_table.entry(table.to_string()).or_default().push(outcome);
+        }
+    }
+    let all_ok = ["postgresql ok", "table ok", "columns ok", "grants ok"];
+    assert_eq!(by_table[&tenants.table("a")], all_ok, "{}", run.stdout);
+    assert_eq!(by_table[&tenants.table("c")], all_ok, "{}", run.stdout);
+    assert_eq!(
+        by_table[&tenants.table("b")],
+        [
+            "postgresql ok",
+            "table ok",
+            "columns failed",
+            "grants skipped"
+        ],
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        by_table[&missing],
+        [
+            "postgresql ok",
+            "table failed",
+            "columns skipped",
+            "grants skipped"
+        ],
+        "{}",
+        run.stdout
+    );
+    assert_eq!(by_table.len(), 4, "{}", run.stdout);
+    // The broker's checks, once.
+    let publish = summary["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|check| check["name"] == "publish")
+        .count();
+    assert_eq!(publish, 1, "{}", run.stdout);
+}
+
+#[test]
+fn requeue_over_many_outboxes_prints_one_summary_and_tells_each_id_once() {
+    let mut fx = Fixture::bare("many_rq_json");
+    let mut tenants = Tenants::of(&fx);
+    let url = fx.database_url.clone();
+    tenants.add(&fx, &url, "a", 2);
+    tenants.add(&fx, &url, "b", 2);
+    tenants.add(&fx, &url, "c", 1);
+    let prefix = tenants.prefix.clone();
+    fx.execute(&format!("UPDATE \"{prefix}_a\".outbox SET attempts = 10"));
+    fx.execute(&format!(
+        "UPDATE \"{prefix}_b\".outbox SET published_at = now() WHERE event_id = 'b-2'"
+    ));
+    let pattern = tenants.pattern();
+    let ids = ["a-1", "b-2", "nobody-1"];
+    let args = [
+        &["--table", &pattern, "requeue", "--json", "--event-id"][..],
+        &ids,
+    ]
+    .concat();
+    let run = fx.run(&args);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    // a-1 is a's, requeued; b-2 is b's, published; nobody-1 is nowhere:
+    // a line each, whatever the other outboxes hold.
+    let mut lines: Vec<&str> = run.stderr.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "outbox-poll: event id b-2 is already published; left as it is",
+            "outbox-poll: unknown event id: nobody-1",
+        ],
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    let summary = run.summary();
+    assert_eq!(summary["requeued"], 1, "{}", run.stdout);
+    assert_eq!(summary["unknown"], serde_json::json!(["nobody-1"]));
+    assert_eq!(summary["already_published"], serde_json::json!(["b-2"]));
+    let listed = listed_by_table(&run);
+    assert_eq!(listed.len(), 3, "{}", run.stdout);
+    for (name, requeued) in [("a", 1), ("b", 0), ("c", 0)] {
+        let one = &listed[&tenants.table(name)];
+        assert_eq!(one["requeued"], requeued, "{}", run.stdout);
+        assert_eq!(one["database"].as_str(), Some(label_of("test").as_str()));
+    }
+    // The dead of every tenant, in text: a line per outbox and the total.
+    let run = fx.run(&["--table", &pattern, "requeue", "--dead"]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains(&format!("table {}: requeued 1 event\n", tenants.table("a"))),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .ends_with("total over 3 outbox(es): requeued 1 event\n"),
+        "{}",
+        run.stdout
+    );
 }

@@ -9,7 +9,9 @@ use crate::cli::MigrateArgs;
 use crate::config::Database;
 use crate::connect::pg_error::classify;
 use crate::exit::{self, Exit};
-use crate::report::stdout;
+use crate::plan::Selection;
+use crate::relay::many::most_urgent;
+use crate::report::{stderr, stdout};
 use crate::sql::adopt;
 use crate::sql::columns::Catalog;
 use crate::sql::migrations::{self, MIGRATIONS};
@@ -18,6 +20,50 @@ use crate::sql::table::TableName;
 use crate::sql::table::classify_on_table;
 
 pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
+    let report = migrate(database, args)?;
+    stdout::line(&report).map_err(stdout::unwritable)?;
+    Ok(Exit::Success)
+}
+
+/// `migrate` over the outboxes of a selection, one after the other: each
+/// table a pattern matches, and each table the list names, created when
+/// it is missing (a pattern matches only tables that exist: a new
+/// tenant's table is created by naming it). One line per outbox, then the
+/// count; an outbox that fails is named on stderr and the others go on.
+/// The exit is the most urgent of theirs.
+pub fn run_many(selection: &Selection, args: &MigrateArgs) -> Result<Exit> {
+    let (all, plan) = super::each_to_create(selection)?;
+    // Each migration opens its own session, in its own transaction.
+    drop(plan);
+    let (mut exits, mut migrated) = (Vec::new(), 0);
+    for (database, name) in all {
+        let migrated_one = database.and_then(|database| {
+            let report = migrate(&database, args)?;
+            Ok((crate::plan::label(&database.conninfo), report))
+        });
+        match migrated_one {
+            Ok((label, report)) => {
+                stdout::line(&format!("database {label}: {report}")).map_err(stdout::unwritable)?;
+                migrated += 1;
+                exits.push(Exit::Success);
+            }
+            Err(error) => {
+                stderr::line(&format!("outbox-poll: error: database {name}: {error:#}"));
+                exits.push(Exit::of(&error));
+            }
+        }
+    }
+    let failed = exits.len() - migrated;
+    stdout::line(&format!(
+        "{}: {migrated} migrated, {failed} failed",
+        super::total_over(exits.len())
+    ))
+    .map_err(stdout::unwritable)?;
+    Ok(most_urgent(exits.into_iter()))
+}
+
+/// Creates or upgrades the table; what it did, in one line.
+fn migrate(database: &Database, args: &MigrateArgs) -> Result<String> {
     let mut client = super::connect(database)?;
     let mut tx = client
         .transaction()
@@ -66,8 +112,7 @@ pub fn run(database: &Database, args: &MigrateArgs) -> Result<Exit> {
             names::current().column("id")
         ));
     }
-    stdout::line(&report).map_err(stdout::unwritable)?;
-    Ok(Exit::Success)
+    Ok(report)
 }
 
 /// The migration `--adopt --notify` runs.

@@ -57,6 +57,16 @@ pub(crate) type Each = (Result<Database>, String);
 /// each with its name for messages (database and table, never a
 /// password). The sessions the plan opened are handed back with them.
 pub fn each(selection: &Selection) -> Result<(Vec<Each>, Plan)> {
+    outboxes(selection, false)
+}
+
+/// As `each`, but a listed table that is missing is an outbox to serve
+/// like the others: what `migrate` creates.
+pub(crate) fn each_to_create(selection: &Selection) -> Result<(Vec<Each>, Plan)> {
+    outboxes(selection, true)
+}
+
+fn outboxes(selection: &Selection, missing_too: bool) -> Result<(Vec<Each>, Plan)> {
     let mut plan = plan(selection)?;
     let mut all = Vec::new();
     for unread in plan.unread.drain(..) {
@@ -64,11 +74,35 @@ pub fn each(selection: &Selection) -> Result<(Vec<Each>, Plan)> {
             Some(table) => format!("{}, table {table}", unread.label),
             None => unread.label,
         };
-        all.push((Err(unread.error), name));
+        let database = match unread.missing {
+            Some((server, table)) if missing_too => Ok(selection.database(server, table)),
+            _ => Err(unread.error),
+        };
+        all.push((database, name));
     }
     for planned in &plan.outboxes {
         let name = format!("{}, table {}", planned.label, planned.database.table);
         all.push((Ok(planned.database.clone()), name));
     }
     Ok((all, plan))
+}
+
+/// One outbox's object in the `outboxes` of a subcommand's `--json`
+/// over a selection: its database (host, port, name: never a password)
+/// and table, then its own fields.
+pub(crate) fn outbox_json(database: &Database, fields: &serde_json::Value) -> serde_json::Value {
+    let mut one = serde_json::json!({
+        "database": crate::plan::label(&database.conninfo),
+        "table": database.table.to_string(),
+    });
+    for (key, value) in fields.as_object().into_iter().flatten() {
+        one[key] = value.clone();
+    }
+    one
+}
+
+/// "total over 3 outboxes", the last line of a subcommand's text over a
+/// selection.
+pub(crate) fn total_over(outboxes: usize) -> String {
+    format!("total over {outboxes} outbox(es)")
 }

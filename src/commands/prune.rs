@@ -47,6 +47,8 @@ use crate::connect::database;
 use crate::connect::pg_error;
 use crate::exit::Exit;
 use crate::guard::watchdog::{self, Watchdog};
+use crate::plan::Selection;
+use crate::relay::many::most_urgent;
 use crate::report::stderr;
 use crate::report::totals::Totals;
 use crate::report::{plural, stdout};
@@ -94,7 +96,162 @@ pub fn run(
     args: &PruneArgs,
     archive: Option<&mut Writer>,
 ) -> Result<Exit> {
+    let to_stderr = archive.as_ref().is_some_and(|writer| writer.is_stdout());
     let watchdog = Watchdog::spawn(|_| {})?;
+    let pruned = prune(database, args, &watchdog, archive)?;
+    let text = match json {
+        true => format!("{}\n", pruned.to_json(args)),
+        false => pruned.text(args),
+    };
+    tell(&text, to_stderr)?;
+    Ok(Exit::Success)
+}
+
+/// `prune` over the outboxes of a selection, one after the other, every
+/// row archived to the one archive: one summary, the totals and (with
+/// `--json`, more than one outbox pruned) `outboxes`, each with its
+/// database and table. An outbox that fails is named on stderr and the
+/// others go on; the exit is the most urgent of theirs.
+pub fn run_many(
+    selection: &Selection,
+    json: bool,
+    args: &PruneArgs,
+    mut archive: Option<&mut Writer>,
+) -> Result<Exit> {
+    let to_stderr = archive.as_ref().is_some_and(|writer| writer.is_stdout());
+    let (all, plan) = super::each(selection)?;
+    // Each outbox is pruned on a session of its own, set for long batches.
+    drop(plan);
+    let watchdog = Watchdog::spawn(|_| {})?;
+    let (mut each, mut exits) = (Vec::new(), Vec::new());
+    for (database, name) in all {
+        let pruned = database.and_then(|database| {
+            let pruned = prune(&database, args, &watchdog, archive.as_deref_mut())?;
+            Ok((database, pruned))
+        });
+        match pruned {
+            Ok((database, pruned)) => {
+                exits.push(Exit::Success);
+                each.push((name, database, pruned));
+            }
+            Err(error) => {
+                stderr::line(&format!("outbox-poll: error: database {name}: {error:#}"));
+                exits.push(Exit::of(&error));
+            }
+        }
+    }
+    watchdog.disarm();
+    let total = Pruned::sum(each.iter().map(|(_, _, pruned)| pruned));
+    let text = match json {
+        true => {
+            let mut object = total.to_json(args);
+            if each.len() > 1 {
+                let outboxes: Vec<serde_json::Value> = each
+                    .iter()
+                    .map(|(_, database, pruned)| {
+                        let mut fields = pruned.to_json(args);
+                        // The run's own, said once at the top.
+                        if let Some(fields) = fields.as_object_mut() {
+                            fields.remove("dry_run");
+                        }
+                        super::outbox_json(database, &fields)
+                    })
+                    .collect();
+                object["outboxes"] = outboxes.into();
+            }
+            format!("{object}\n")
+        }
+        false => {
+            let mut text = String::new();
+            for (name, _, pruned) in &each {
+                for line in pruned.text(args).lines() {
+                    text.push_str(&format!("{name}: {line}\n"));
+                }
+            }
+            for line in total.text(args).lines() {
+                text.push_str(&format!("{}: {line}\n", super::total_over(each.len())));
+            }
+            text
+        }
+    };
+    tell(&text, to_stderr)?;
+    Ok(most_urgent(exits.into_iter()))
+}
+
+/// What prune did to one outbox (or, summed, to many).
+#[derive(Default)]
+struct Pruned {
+    /// Published rows deleted, then (with --include-dead) dead ones.
+    counts: Vec<(Kind, i64)>,
+    /// The partitions dropped whole.
+    dropped: Vec<String>,
+}
+
+impl Pruned {
+    fn sum<'a>(all: impl Iterator<Item = &'a Pruned>) -> Pruned {
+        let mut total = Pruned::default();
+        for pruned in all {
+            for (at, (kind, count)) in pruned.counts.iter().enumerate() {
+                match total.counts.get_mut(at) {
+                    Some((_, sum)) => *sum += count,
+                    None => total.counts.push((*kind, *count)),
+                }
+            }
+            total.dropped.extend(pruned.dropped.iter().cloned());
+        }
+        total
+    }
+
+    /// The object the module's comment gives.
+    fn to_json(&self, args: &PruneArgs) -> serde_json::Value {
+        let count = |at: usize| self.counts.get(at).map(|(_, count)| *count);
+        serde_json::json!({
+            "published": count(0).unwrap_or(0),
+            "dead": match args.include_dead {
+                true => Some(count(1).unwrap_or(0)),
+                false => None,
+            },
+            "dry_run": args.dry_run,
+            "partitions_dropped": self.dropped,
+        })
+    }
+
+    /// One line per kind of row and one for the partitions dropped.
+    fn text(&self, args: &PruneArgs) -> String {
+        let (verb, drop) = match args.dry_run {
+            true => ("would delete", "would drop"),
+            false => ("deleted", "dropped"),
+        };
+        let age = short_duration(args.older_than);
+        let mut kinds = vec![Kind::Published];
+        if args.include_dead {
+            kinds.push(Kind::Dead);
+        }
+        let mut text: String = kinds
+            .iter()
+            .enumerate()
+            .map(|(at, kind)| {
+                let count = self.counts.get(at).map_or(0, |(_, count)| *count);
+                let (name, s) = (kind.name(), plural(count));
+                format!("{verb} {count} {name} event{s} older than {age}\n")
+            })
+            .collect();
+        if !self.dropped.is_empty() {
+            let (count, s) = (self.dropped.len(), plural(self.dropped.len()));
+            let names = self.dropped.join(", ");
+            text.push_str(&format!("{drop} {count} partition{s} whole: {names}\n"));
+        }
+        text
+    }
+}
+
+/// Prunes one outbox.
+fn prune(
+    database: &Database,
+    args: &PruneArgs,
+    watchdog: &Watchdog,
+    archive: Option<&mut Writer>,
+) -> Result<Pruned> {
     watchdog.arm(
         database.connect_budget() + database::STATEMENT_TIMEOUT + watchdog::MARGIN,
         "connecting to PostgreSQL",
@@ -108,7 +265,6 @@ pub fn run(
             pg_error::classify(&error, "setting the statement timeout", "try again")
         })?;
     columns::check_mapping(&mut client, &database.table, "pruning")?;
-    let to_stderr = archive.as_ref().is_some_and(|writer| writer.is_stdout());
     let mut archive = match archive {
         Some(writer) => Some(Archive {
             payload: archive_payload(&mut client, &database.table)?,
@@ -120,7 +276,7 @@ pub fn run(
     if args.include_dead {
         kinds.push(Kind::Dead);
     }
-    let dropped = drop_partitions(&mut client, database, args, &watchdog, &mut archive)?;
+    let dropped = drop_partitions(&mut client, database, args, watchdog, &mut archive)?;
     let mut counts = Vec::new();
     for kind in kinds {
         let count = if args.dry_run {
@@ -128,7 +284,7 @@ pub fn run(
             let (table, max_attempts) = (&database.table, database.max_attempts);
             prune::count(&mut client, table, kind, max_attempts, args.older_than)?
         } else {
-            delete(&mut client, database, kind, args, &watchdog, &mut archive)?
+            delete(&mut client, database, kind, args, watchdog, &mut archive)?
         };
         counts.push((kind, count));
     }
@@ -137,8 +293,10 @@ pub fn run(
     if !args.dry_run {
         counts[0].1 += dropped.rows;
     }
-    tell(&counts, &dropped.names, json, args, to_stderr)?;
-    Ok(Exit::Success)
+    Ok(Pruned {
+        counts,
+        dropped: dropped.names,
+    })
 }
 
 /// The payload's type, which says how its rows are archived, and the
@@ -340,45 +498,9 @@ fn detach_locked(
     }
 }
 
-/// One line per kind of row and one for the partitions dropped, or the
-/// JSON object.
-/// On stderr when the archive goes to stdout (`to_stderr`), out of its
-/// way.
-fn tell(
-    counts: &[(Kind, i64)],
-    dropped: &[String],
-    json: bool,
-    args: &PruneArgs,
-    to_stderr: bool,
-) -> Result<()> {
-    let text = if json {
-        let object = serde_json::json!({
-            "published": counts[0].1,
-            "dead": counts.get(1).map(|(_, count)| count),
-            "dry_run": args.dry_run,
-            "partitions_dropped": dropped,
-        });
-        format!("{object}\n")
-    } else {
-        let (verb, drop) = match args.dry_run {
-            true => ("would delete", "would drop"),
-            false => ("deleted", "dropped"),
-        };
-        let age = short_duration(args.older_than);
-        let mut text: String = counts
-            .iter()
-            .map(|(kind, count)| {
-                let (name, s) = (kind.name(), plural(*count));
-                format!("{verb} {count} {name} event{s} older than {age}\n")
-            })
-            .collect();
-        if !dropped.is_empty() {
-            let (count, s) = (dropped.len(), plural(dropped.len()));
-            let names = dropped.join(", ");
-            text.push_str(&format!("{drop} {count} partition{s} whole: {names}\n"));
-        }
-        text
-    };
+/// What prune did, on stdout, or on stderr when the archive goes to
+/// stdout (`to_stderr`), out of its way.
+fn tell(text: &str, to_stderr: bool) -> Result<()> {
     if to_stderr {
         stderr::line(text.trim_end());
         return Ok(());

@@ -109,13 +109,7 @@ pub fn run_many(selection: &Selection, json: bool, args: &StatusArgs) -> Result<
                 let outboxes: Vec<serde_json::Value> = each
                     .iter()
                     .map(|(_, database, figures)| {
-                        let mut one = serde_json::json!({
-                            "database": crate::plan::label(&database.conninfo),
-                            "table": database.table.to_string(),
-                        });
-                        for (key, value) in figures.to_json().as_object().into_iter().flatten() {
-                            one[key] = value.clone();
-                        }
+                        let mut one = super::outbox_json(database, &figures.to_json());
                         one["oldest_due_age_s"] = figures.oldest_due_age_s.into();
                         one
                     })
@@ -133,8 +127,8 @@ pub fn run_many(selection: &Selection, json: bool, args: &StatusArgs) -> Result<
                 ));
             }
             text.push_str(&format!(
-                "total over {} outbox(es): pending {}, due {}, retrying {}, dead {}, expired {}\n",
-                each.len(),
+                "{}: pending {}, due {}, retrying {}, dead {}, expired {}\n",
+                super::total_over(each.len()),
                 total.pending,
                 total.due,
                 total.retrying,

@@ -83,9 +83,20 @@ impl Watchdog {
         what: &'static str,
     ) -> Result<Self> {
         let watchdog = Watchdog::spawn(|_| {})?;
-        let budget = connect_budget + statements * STATEMENT_TIMEOUT + MARGIN;
-        watchdog.arm(budget, what, Totals::default());
+        watchdog.arm_command(connect_budget, statements, what);
         Ok(watchdog)
+    }
+
+    /// Arms `for_command`'s budget again: for the next outbox of a short
+    /// command over many, on the one watchdog thread.
+    pub(crate) fn arm_command(
+        &self,
+        connect_budget: Duration,
+        statements: u32,
+        what: &'static str,
+    ) {
+        let budget = connect_budget + statements * STATEMENT_TIMEOUT + MARGIN;
+        self.arm(budget, what, Totals::default());
     }
 
     /// Nothing left to guard: the run is about to exit on its own.

@@ -78,6 +78,9 @@ pub(crate) struct Unread {
     /// The table, when the database was read but a listed name is not in
     /// it; None when the database itself could not be read.
     pub(crate) table: Option<String>,
+    /// That listed table, as `migrate` would create it, with the index of
+    /// its database among the selection's servers.
+    pub(crate) missing: Option<(usize, TableName)>,
     pub(crate) error: anyhow::Error,
 }
 
@@ -187,6 +190,7 @@ impl Selection {
                         plan.unread.push(Unread {
                             label: server.label.clone(),
                             table: None,
+                            missing: None,
                             error,
                         });
                         continue;
@@ -200,7 +204,8 @@ impl Selection {
                     ));
                     plan.unread.push(Unread {
                         label: server.label.clone(),
-                        table: Some(name),
+                        table: Some(name.to_string()),
+                        missing: Some((index, name)),
                         error,
                     });
                 }
@@ -220,8 +225,9 @@ impl Selection {
         if matched == 0 && plan.unread.is_empty() {
             return Err(exit::config(anyhow!(
                 "--table {:?} matches no table in {}: check the names and patterns (a pattern \
-                 matches schema-qualified names, e.g. 'tenant_*.outbox'), or run `outbox-poll \
-                 migrate` to create the table",
+                 matches the schema-qualified names of tables that exist, e.g. \
+                 'tenant_*.outbox'); to create a table, name it: `outbox-poll migrate --table \
+                 tenant_new.outbox`",
                 self.spec,
                 self.databases_text()
             )));
@@ -244,6 +250,12 @@ impl Selection {
             .into_iter()
             .filter(|(table, _)| self.in_shard(&server.label, table))
             .unzip();
+        // A listed table that is missing belongs to a shard as it will once
+        // it exists: only that shard's run reports it (or creates it).
+        let missing = missing
+            .into_iter()
+            .filter(|table| self.in_shard(&server.label, table))
+            .collect();
         let due = match due {
             true => due_unless_empty(&mut client, &tables, &empty, self.max_attempts),
             false => vec![true; tables.len()],
@@ -351,8 +363,9 @@ struct Read {
     client: Client,
     tables: Vec<TableName>,
     due: Vec<bool>,
-    /// Listed names that are not there.
-    missing: Vec<String>,
+    /// Listed names that are not there, qualified as `migrate` would
+    /// create them.
+    missing: Vec<TableName>,
     /// Tables named or matched, in every shard.
     matched: usize,
 }
@@ -366,9 +379,11 @@ type Found = (TableName, bool);
 /// schemas. A name without a schema
 /// is found in the search path (to_regclass); a pattern without one
 /// matches in the search path's schemas. A listed name that is not there
-/// is returned apart (its quoted name): it is not a pattern, and the
-/// operator asked for it.
-fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<Found>, Vec<String>)> {
+/// is returned apart: it is not a pattern, and the operator asked for it.
+/// Without a schema it is qualified with the one a CREATE TABLE would
+/// put it in (current_schema()), so that it hashes to the shard it will
+/// be in once it exists.
+fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<Found>, Vec<TableName>)> {
     let mut names = Vec::new();
     let (mut schemas, mut tables) = (Vec::new(), Vec::new());
     for entry in entries {
@@ -389,7 +404,7 @@ fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<Found>, Vec<St
                 "check that PostgreSQL is reachable and this role may read the catalog",
             )
         })?;
-    let (mut found, mut missing): (Vec<Found>, Vec<String>) = (Vec::new(), Vec::new());
+    let (mut found, mut missing): (Vec<Found>, Vec<TableName>) = (Vec::new(), Vec::new());
     for row in rows {
         let (schema, name): (Option<String>, Option<String>) = (row.get(0), row.get(1));
         match (schema, name) {
@@ -399,14 +414,29 @@ fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<Found>, Vec<St
                     found.push((table, row.get::<_, Option<bool>>(3).unwrap_or(false)));
                 }
             }
-            _ => missing.push(row.get::<_, Option<String>>(2).unwrap_or_default()),
+            _ => {
+                let quoted = row.get::<_, Option<String>>(2).unwrap_or_default();
+                let listed = entries.iter().find_map(|entry| match entry {
+                    Entry::Name(table) if table.quoted() == quoted => Some(table),
+                    _ => None,
+                });
+                let Some(listed) = listed else { continue };
+                let current: Option<String> = row.get(4);
+                missing.push(match (listed.schema(), current) {
+                    (None, Some(schema)) => {
+                        TableName::from_catalog(schema, listed.name().to_string())
+                    }
+                    _ => listed.clone(),
+                });
+            }
         }
     }
     Ok((found, missing))
 }
 
 /// The names first (in the order given), then what the patterns match;
-/// the fourth column: whether the table has no page at all. A table with
+/// the fourth column: whether the table has no page at all; the fifth,
+/// for a listed name, the schema it would be created in. A table with
 /// none holds no row, not even one a transaction still in progress wrote
 /// (its insert extends the file first), so it has no due event: its claim
 /// is not asked. pg_relation_size takes and releases each table's lock
@@ -414,7 +444,7 @@ fn resolve(client: &mut Client, entries: &[Entry]) -> Result<(Vec<Found>, Vec<St
 /// partitioned table has no pages of its own: never counted as empty.
 const RESOLVE_SQL: &str = "\
     SELECT n.nspname::text, c.relname::text, NULL::text, \
-           c.relkind = 'r' AND pg_relation_size(c.oid) = 0 FROM pg_class c \
+           c.relkind = 'r' AND pg_relation_size(c.oid) = 0, NULL::text FROM pg_class c \
       JOIN pg_namespace n ON n.oid = c.relnamespace \
      WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
        AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
@@ -425,7 +455,8 @@ const RESOLVE_SQL: &str = "\
                                ELSE n.nspname ~ p.s END) \
     UNION ALL \
     SELECT n.nspname::text, c.relname::text, x.name, \
-           c.relkind = 'r' AND pg_relation_size(c.oid) = 0 FROM unnest($1::text[]) \
+           c.relkind = 'r' AND pg_relation_size(c.oid) = 0, current_schema()::text \
+      FROM unnest($1::text[]) \
              WITH ORDINALITY AS x(name, at) \
       LEFT JOIN pg_class c ON c.oid = to_regclass(x.name) \
       LEFT JOIN pg_namespace n ON n.oid = c.relnamespace \

@@ -48,6 +48,11 @@ impl TableName {
         &self.name
     }
 
+    /// The schema, unquoted, when the name has one.
+    pub(crate) fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
     /// The name as SQL: every part double-quoted.
     pub fn quoted(&self) -> String {
         match &self.schema {
