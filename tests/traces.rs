@@ -219,6 +219,43 @@ fn an_event_without_a_traceparent_reaches_the_consumer_with_its_publish_spans() 
 }
 
 #[test]
+fn with_otel_propagators_none_an_event_without_a_traceparent_is_sent_without_headers() {
+    let mut fx = Fixture::new("traces_no_inject");
+    fx.insert_event("bare", "order.created", "{}");
+    let collector = Collector::start();
+    let run = run_exporting_to(&fx, &collector.endpoint(), &[("OTEL_PROPAGATORS", "none")]);
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{}", run.stdout);
+    collector.publish_of("bare");
+    let messages = fx.messages();
+    assert_eq!(messages.len(), 1);
+    assert!(messages[0].headers.is_none(), "{:?}", messages[0].headers);
+}
+
+#[test]
+fn a_propagator_that_is_not_built_in_is_told_once_and_tracecontext_still_written() {
+    let mut fx = Fixture::new("traces_b3");
+    fx.insert("e", 2);
+    let collector = Collector::start();
+    let env = [("OTEL_PROPAGATORS", "b3,tracecontext")];
+    let run = run_exporting_to(&fx, &collector.endpoint(), &env);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(
+        lines[0].starts_with("outbox-poll: warning: OTEL_PROPAGATORS names b3 "),
+        "{}",
+        lines[0]
+    );
+    for message in fx.messages() {
+        let publish = collector.publish_of(&message.message_id);
+        assert_eq!(
+            message.header_text("traceparent"),
+            Some(publish.traceparent())
+        );
+    }
+}
+
+#[test]
 fn spans_go_as_json_with_the_headers_and_service_name_the_variables_give() {
     let mut fx = Fixture::new("traces_json");
     fx.insert("e", 1);
