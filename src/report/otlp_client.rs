@@ -61,12 +61,13 @@ impl HttpClient for Remembering {
 /// say which variable or file is at fault.
 pub(crate) fn for_endpoint(endpoint: &str, timeout: Option<Duration>) -> Result<Remembering> {
     let mut builder = Client::builder().timeout(timeout.unwrap_or(DEFAULT_TIMEOUT));
-    builder = match endpoint.starts_with("https://") {
-        true => builder.tls_backend_preconfigured((*tls::client_config(&settings()?)?).clone()),
+    builder = if endpoint.starts_with("https://") {
+        builder.tls_backend_preconfigured((*tls::client_config(&settings()?)?).clone())
+    } else {
         // No roots at all for a plain endpoint: reqwest's default TLS setup
         // (the platform verifier) would cost an empty run milliseconds for
         // a TLS it never speaks, and a redirect to https:// is refused.
-        false => builder.tls_certs_only([]),
+        builder.tls_certs_only([])
     };
     // The blocking client runs a runtime of its own, which must not be
     // built on a thread that already is inside one: build it on its own.
