@@ -24,10 +24,27 @@
 //! the table's size before and after.
 //!
 //! The due events are BENCH_SIZE_PENDING (50000), created now.
+//!
+//! `prune_beside`: `prune --older-than 7d` of the partitioned table
+//! beside what a retention job meets in production: a `--drain
+//! --batch-size 100` of BENCH_PRUNE_BESIDE_PENDING (50000) due events
+//! running, and BENCH_PRODUCERS (3) producer threads each inserting one
+//! event per autocommit transaction, paced at 200/s. 30 daily partitions
+//! older than 7 days hold BENCH_PRUNE_BESIDE_ROWS (300000) published
+//! events. Reported: the producers' INSERT p50, p99 and max before the
+//! prune (the drain alone) and during it, the prune's time, and the old
+//! partitions left (0 expected). Twice: as the example creates the table
+//! (DETACH ... CONCURRENTLY), and with a DEFAULT partition beside it,
+//! where PostgreSQL allows only the locked DETACH (its short lock_timeout,
+//! retried).
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use outbox_poll::cli::OnPublish;
+
+use postgres::{Client, NoTls};
 
 use crate::common::{Figure, Fixture, Results, check, env_list, env_or};
 use crate::{claim_and_mark, drain_filled};
@@ -42,6 +59,12 @@ pub fn sections(fx: &mut Fixture, results: &mut Results) {
     }
     if fx.settings.named("partitions") {
         partitions(fx, results, &settings);
+    }
+    if fx.settings.named("prune_beside") {
+        prune_beside(fx, results, false);
+        prune_beside(fx, results, true);
+        plain_table(fx);
+        results.section_done("prune_beside");
     }
 }
 
@@ -358,4 +381,145 @@ fn prune_partitions(fx: &mut Fixture, results: &mut Results, rows: i64) {
         mib(size_before),
         mib(size_after)
     ));
+}
+
+/// One producer INSERT: when it started (from the producers' start) and
+/// how long it took.
+type Insert = (Duration, Duration);
+
+/// `prune_beside` (see the top of this file), with a DEFAULT partition
+/// when `default_partition`.
+fn prune_beside(fx: &mut Fixture, results: &mut Results, default_partition: bool) {
+    let pending: i64 = env_or("BENCH_PRUNE_BESIDE_PENDING", "50000")
+        .parse()
+        .unwrap();
+    let rows: i64 = env_or("BENCH_PRUNE_BESIDE_ROWS", "300000").parse().unwrap();
+    let producers: usize = env_or("BENCH_PRODUCERS", "3").parse().unwrap();
+    let label = match default_partition {
+        true => "with a DEFAULT partition (locked DETACH)",
+        false => "as the example (DETACH CONCURRENTLY)",
+    };
+    fx.purge();
+    // From 37 days ago to tomorrow: 30 old days, then the recent week.
+    partitioned_table(fx, -37, 39);
+    if default_partition {
+        let sql = format!(
+            "CREATE TABLE {schema}.outbox_default PARTITION OF {table} DEFAULT",
+            schema = fx.name,
+            table = fx.table()
+        );
+        fx.db.batch_execute(&sql).unwrap();
+    }
+    fx.insert_events("old", rows, 200, &spread_over(-37, 30), true, None);
+    fx.insert_events("due", pending, 200, "now()", false, None);
+    let analyze = format!("VACUUM ANALYZE {}", fx.table());
+    fx.db.batch_execute(&analyze).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let threads: Vec<_> = (0..producers)
+        .map(|n| {
+            let (url, table, stop) = (fx.settings.database_url.clone(), fx.table(), stop.clone());
+            std::thread::spawn(move || produce(&url, &table, n, started, &stop))
+        })
+        .collect();
+    let mut drain = fx
+        .command()
+        .args(["--drain", "--batch-size", "100"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("starting the drain");
+    // When the drain ends, to tell how much of the prune it overlapped.
+    let drain = std::thread::spawn(move || {
+        let status = drain.wait().unwrap();
+        (status.success(), started.elapsed())
+    });
+    // The drain alone beside the producers first: the baseline.
+    std::thread::sleep(Duration::from_secs(1));
+    let prune_from = started.elapsed();
+    let (seconds, summary) = prune(fx, &["--older-than", "7d"]);
+    let prune_to = started.elapsed();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let inserts: Vec<Insert> = threads
+        .into_iter()
+        .flat_map(|thread| thread.join().unwrap())
+        .collect();
+    let (drained, drain_end) = drain.join().unwrap();
+    check(!drained, "the drain beside prune failed");
+
+    let left: i64 = fx
+        .db
+        .query_one(
+            "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+             WHERE i.inhparent = $1::text::regclass AND c.relname LIKE 'outbox\\_p%' \
+               AND c.relname < 'outbox_p' || \
+               to_char((now() AT TIME ZONE 'UTC')::date - 7, 'YYYYMMDD')",
+            &[&fx.table()],
+        )
+        .unwrap()
+        .get(0);
+    check(
+        summary["published"] != serde_json::json!(rows),
+        "prune beside the drain did not delete every old event",
+    );
+    let before = quantiles(&inserts, Duration::ZERO, prune_from);
+    let during = quantiles(&inserts, prune_from, prune_to);
+    results.note(format!(
+        "prune beside a drain, {label}: prune {seconds:.2} s, the drain running for \
+         {:.2} s of it; {left} of 30 old partitions left; {producers} producers' INSERT \
+         p50/p99/max before {before}, during the prune {during}",
+        drain_end
+            .min(prune_to)
+            .saturating_sub(prune_from)
+            .as_secs_f64(),
+    ));
+}
+
+/// Inserts one event per autocommit transaction into `table`, 200 a
+/// second, until `stop`: each INSERT's start (from `started`) and time.
+fn produce(url: &str, table: &str, n: usize, started: Instant, stop: &AtomicBool) -> Vec<Insert> {
+    let mut db = Client::connect(url, NoTls).expect("connecting a producer");
+    let insert = db
+        .prepare(&format!(
+            "INSERT INTO {table} (event_id, event_type, payload) \
+             VALUES ($1, 'order.created', '{{\"order_id\": 1}}')"
+        ))
+        .unwrap();
+    let pace = Duration::from_millis(5);
+    let mut inserts = Vec::new();
+    let mut next = Instant::now();
+    for count in 0.. {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let at = Instant::now();
+        db.execute(&insert, &[&format!("producer-{n}-{count}")])
+            .expect("a producer's INSERT");
+        inserts.push((at - started, at.elapsed()));
+        next += pace;
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    inserts
+}
+
+/// "p50/p99/max ms (N inserts)" of the inserts started in [from, to).
+fn quantiles(inserts: &[Insert], from: Duration, to: Duration) -> String {
+    let mut times: Vec<f64> = inserts
+        .iter()
+        .filter(|(at, _)| (from..to).contains(at))
+        .map(|(_, took)| took.as_secs_f64() * 1000.0)
+        .collect();
+    if times.is_empty() {
+        return "(none)".to_string();
+    }
+    times.sort_by(f64::total_cmp);
+    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "{:.1}/{:.1}/{:.1} ms ({} inserts)",
+        at(0.5),
+        at(0.99),
+        at(1.0),
+        times.len()
+    )
 }

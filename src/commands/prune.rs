@@ -10,7 +10,7 @@
 //! (see `sql::partitions`), which returns its space at once; the rows left
 //! are then deleted batch by batch. The detach never makes the producers
 //! wait: concurrent where PostgreSQL allows it, else under a lock taken
-//! for at most 50 ms at a time.
+//! for at most 25 ms at a time.
 //!
 //! `--json` prints `{"published": N, "dead": N or null, "dry_run": bool,
 //! "partitions_dropped": [NAME, ...]}`: the rows deleted (or, with
@@ -336,7 +336,7 @@ struct DroppedPartitions {
 
 /// How long prune keeps retrying a partition it must detach under the
 /// table's lock (a DEFAULT partition, or PostgreSQL before 14), each try
-/// waiting at most 50 ms (sql::partitions::DETACH_LOCK_TIMEOUT), before it
+/// waiting at most 25 ms (sql::partitions::DETACH_LOCK_TIMEOUT), before it
 /// keeps the partition and deletes its rows instead.
 const LOCKED_DETACH_RETRIES: Duration = Duration::from_secs(60);
 /// The pause between two such tries: producers get the table between them.
@@ -347,7 +347,7 @@ const LOCKED_DETACH_PAUSE: Duration = Duration::from_millis(200);
 /// finishes any detach an interrupted prune left pending. A partition is
 /// detached concurrently where PostgreSQL allows it (waiting, without
 /// blocking anyone, for the transactions that still see it), otherwise
-/// under the table's lock taken for at most 50 ms at a time, retried. A
+/// under the table's lock taken for at most 25 ms at a time, retried. A
 /// partition where an unpublished event turned up is kept; so is one the
 /// table's traffic kept locked through every retry: its published rows go
 /// row by row with the rest.

@@ -345,7 +345,7 @@ pub(crate) fn attach(
 /// waits every new statement on the table (the producers' INSERTs
 /// included) queues behind it: producers must never wait longer than this.
 /// The caller retries.
-const DETACH_LOCK_TIMEOUT: &str = "50ms";
+const DETACH_LOCK_TIMEOUT: &str = "25ms";
 
 /// Detaches and drops `partition` of `table` in one transaction, waiting
 /// at most DETACH_LOCK_TIMEOUT for the lock (Busy then). Checked again
