@@ -16,9 +16,11 @@
 //! out, a requeue, rows a killed run gave back). Without the trigger it
 //! polls: it looks for a due event with one cheap statement after a
 //! quarter of the time it has been quiet, every FASTEST_POLL while events
-//! keep coming, every SLOWEST_LOOK at most once quiet, and claims when it
-//! sees one. So the first event of a stream that starts after a quiet
-//! spell waits SLOWEST_LOOK at most, not a quiet interval.
+//! keep coming, every LINGERING_LOOK at most while it lingers (quiet for
+//! less than LINGER, broker still held), every SLOWEST_LOOK at most after,
+//! and claims when it sees one. So the first event of a stream that
+//! resumes after a pause waits LINGERING_LOOK at most, and one that starts
+//! after a long quiet SLOWEST_LOOK at most: never a quiet interval.
 
 use std::time::{Duration, Instant};
 
@@ -46,11 +48,17 @@ const SAFETY_POLL: Duration = Duration::from_secs(1);
 /// third of the round trips of a claim that finds nothing. The bound was
 /// once 250 ms, on claims: the first events of a stream that began after a
 /// quiet second waited up to that long, and at 1,000 events/s so many of
-/// them did that they made the run's p99. Lower than 100 ms costs more
-/// than next to no CPU: at 25 ms an idle follow and its backend each used
-/// about 1% of a core (see README, Low latency).
+/// them did that they made the run's p99. Within LINGER of its last batch
+/// the follow still holds the broker connection because it expects more
+/// events: it looks every LINGERING_LOOK at most then, so a stream that
+/// pauses for a second or two resumes within 25 ms (about 80 looks per
+/// pause). Once it has let go, it looks every SLOWEST_LOOK: lower costs
+/// more than next to no CPU (at 25 ms an idle follow and its backend each
+/// used about 1% of a core; see README, Low latency), and the first event
+/// after a long quiet pays the broker's reconnect anyway.
 const QUIET_SHARE: u32 = 4;
 const FASTEST_POLL: Duration = Duration::from_millis(10);
+const LINGERING_LOOK: Duration = Duration::from_millis(25);
 const SLOWEST_LOOK: Duration = Duration::from_millis(100);
 /// A look also sees what no claim takes now: rows another run holds, and
 /// events an ordered claim holds back behind an earlier one. Once a claim
@@ -189,9 +197,14 @@ enum Next {
 /// claim after a look that saw due events took nothing since.
 fn next_poll(notified: bool, held: bool, quiet: Duration) -> (Duration, Next) {
     let after = |slowest| (quiet / QUIET_SHARE).clamp(FASTEST_POLL, slowest);
+    let slowest_look = if quiet < LINGER {
+        LINGERING_LOOK
+    } else {
+        SLOWEST_LOOK
+    };
     match (notified, held) {
         (true, _) => (SAFETY_POLL, Next::Claim),
-        (false, false) => (after(SLOWEST_LOOK), Next::Look),
+        (false, false) => (after(slowest_look), Next::Look),
         (false, true) => (after(SLOWEST_POLL), Next::Claim),
     }
 }
@@ -229,14 +242,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn polling_looks_after_a_quarter_of_the_quiet_between_10_and_100_ms() {
-        let looks: Vec<(u128, Next)> = [0, 20, 60, 200, 1000, 60_000]
+    fn polling_looks_after_a_quarter_of_the_quiet_between_10_and_25_ms_while_it_lingers() {
+        let looks: Vec<(u128, Next)> = [0, 20, 60, 200, 1000, 1999]
             .into_iter()
             .map(|quiet| next_poll(false, false, Duration::from_millis(quiet)))
             .map(|(poll, next)| (poll.as_millis(), next))
             .collect();
         let at = |ms| (ms, Next::Look);
-        assert_eq!(looks, [at(10), at(10), at(15), at(50), at(100), at(100)]);
+        assert_eq!(looks, [at(10), at(10), at(15), at(25), at(25), at(25)]);
+    }
+
+    #[test]
+    fn polling_looks_every_100_ms_once_it_has_let_go_of_the_broker() {
+        for quiet in [LINGER, Duration::from_secs(60)] {
+            assert_eq!(
+                next_poll(false, false, quiet),
+                (SLOWEST_LOOK, Next::Look),
+                "{quiet:?}"
+            );
+        }
     }
 
     #[test]
