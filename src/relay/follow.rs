@@ -17,7 +17,8 @@
 //! polls: it looks for a due event with one cheap statement after a
 //! quarter of the time it has been quiet, every FASTEST_POLL while events
 //! keep coming, every LINGERING_LOOK at most while it lingers (quiet for
-//! less than LINGER, broker still held), every SLOWEST_LOOK at most after,
+//! less than LINGER since its last batch or its start), every SLOWEST_LOOK
+//! at most after,
 //! and claims when it sees one. So the first event of a stream that
 //! resumes after a pause waits LINGERING_LOOK at most, and one that starts
 //! after a long quiet SLOWEST_LOOK at most: never a quiet interval.
@@ -49,13 +50,14 @@ const SAFETY_POLL: Duration = Duration::from_secs(1);
 /// once 250 ms, on claims: the first events of a stream that began after a
 /// quiet second waited up to that long, and at 1,000 events/s so many of
 /// them did that they made the run's p99. Within LINGER of its last batch
-/// the follow still holds the broker connection because it expects more
-/// events: it looks every LINGERING_LOOK at most then, so a stream that
-/// pauses for a second or two resumes within 25 ms (about 80 looks per
-/// pause). Once it has let go, it looks every SLOWEST_LOOK: lower costs
-/// more than next to no CPU (at 25 ms an idle follow and its backend each
-/// used about 1% of a core; see README, Low latency), and the first event
-/// after a long quiet pays the broker's reconnect anyway.
+/// (or of its start) the follow expects more events, and after a batch
+/// still holds the broker connection for them: it looks every
+/// LINGERING_LOOK at most then, so a stream that pauses for a second or
+/// two resumes within 25 ms (at most 80 looks per pause). Past LINGER it
+/// looks every SLOWEST_LOOK: lower costs more than next to no CPU (at
+/// 25 ms an idle follow and its backend each used about 1% of a core; see
+/// docs/src/following.md), and the first event after a long quiet pays
+/// the broker's reconnect anyway.
 const QUIET_SHARE: u32 = 4;
 const FASTEST_POLL: Duration = Duration::from_millis(10);
 const LINGERING_LOOK: Duration = Duration::from_millis(25);
