@@ -181,6 +181,20 @@ impl Relay {
         }
     }
 
+    /// How many PostgreSQL sessions the run may have: one for each batch
+    /// in flight, and one more for the batch a plain drain commits
+    /// meanwhile.
+    pub(crate) fn sessions(&self) -> usize {
+        self.in_flight + usize::from(self.commits_apart())
+    }
+
+    /// Whether the run commits each batch on a thread of its own while it
+    /// awaits the next batch's confirms (relay::committer): a plain drain.
+    /// An ordered claim must see the batch before it committed.
+    pub(crate) fn commits_apart(&self) -> bool {
+        self.drain && self.order() == Order::Plain
+    }
+
     /// While a batch waits for the broker its transaction is idle; the
     /// limit must outlive the longest legitimate wait, or the server would
     /// end the transaction between publishing and marking. That wait is the
@@ -190,8 +204,8 @@ impl Relay {
     /// its session (--connect-timeout for each host of the database's list)
     /// and its channel (as a drain starts), and for each the run marks and
     /// commits the batch ahead and claims the next one (a statement's time
-    /// each). The confirms of the batches ahead of this one are due before
-    /// its own.
+    /// each); the batch a plain drain commits meanwhile is one more. The
+    /// confirms of the batches ahead of this one are due before its own.
     pub(crate) fn batch_idle_limit(&self) -> Duration {
         let broker = &self.broker;
         batch_idle_limit_of(
@@ -201,7 +215,7 @@ impl Relay {
                 channel: broker.connect_timeout,
                 confirm: broker.confirm_timeout,
             },
-            self.in_flight,
+            self.sessions(),
         )
     }
 }
@@ -247,9 +261,10 @@ struct Waits {
     confirm: Duration,
 }
 
-/// Relay::batch_idle_limit, from the waits and the batches in flight.
-fn batch_idle_limit_of(waits: Waits, in_flight: usize) -> Duration {
-    let others = u32::try_from(in_flight - 1).unwrap_or(u32::MAX);
+/// Relay::batch_idle_limit, from the waits and the run's sessions (a
+/// batch each).
+fn batch_idle_limit_of(waits: Waits, sessions: usize) -> Duration {
+    let others = u32::try_from(sessions - 1).unwrap_or(u32::MAX);
     let other = waits.session + waits.channel + 2 * STATEMENT_TIMEOUT;
     IDLE_MARGIN + waits.broker + waits.channel + waits.confirm + other * others
 }
@@ -294,13 +309,13 @@ mod tests {
             channel: MAX_TIMEOUT,
             confirm: MAX_TIMEOUT,
         };
-        assert!(batch_idle_limit_of(longest, MAX_IN_FLIGHT) <= MAX_IDLE_LIMIT);
+        assert!(batch_idle_limit_of(longest, MAX_IN_FLIGHT + 1) <= MAX_IDLE_LIMIT);
     }
 
     #[test]
-    fn the_idle_limit_grows_with_the_batches_in_flight() {
-        let secs = |in_flight| batch_idle_limit_of(waits(1, 1), in_flight).as_secs();
-        assert_eq!((secs(1), secs(2), secs(4)), (80, 160, 320));
+    fn the_idle_limit_grows_with_the_sessions() {
+        let secs = |sessions| batch_idle_limit_of(waits(1, 1), sessions).as_secs();
+        assert_eq!((secs(1), secs(2), secs(3), secs(5)), (80, 160, 240, 400));
     }
 
     #[test]

@@ -213,6 +213,49 @@ pub(crate) fn settle(
     totals: &mut Totals,
     traces: Option<&Traces>,
 ) -> Result<()> {
+    let (told, marks) = answer(batch, broker);
+    let committed = commit(session, &marks);
+    account(told, marks, committed, totals, traces)
+}
+
+/// A batch the broker has answered: the events sent and the batch's
+/// spans, which stay with the run, and the marks, which go with the
+/// batch's session to its commit (see `commit`).
+pub(crate) struct Told {
+    events: Vec<Event>,
+    trace: Option<Box<BatchTrace>>,
+}
+
+impl Told {
+    /// The payload bytes the batch still holds, for --batch-bytes.
+    pub(crate) fn bytes(&self) -> i64 {
+        let bytes: usize = self.events.iter().map(|event| event.payload.len()).sum();
+        i64::try_from(bytes).unwrap_or(i64::MAX)
+    }
+}
+
+/// What to mark in a batch's transaction: what the broker said, and the
+/// events that had expired (never sent).
+pub(crate) struct Marks {
+    outcome: Outcome,
+    expired: Vec<i64>,
+}
+
+impl Marks {
+    /// Whether the broker failed the batch: no other batch should open.
+    pub(crate) fn outage(&self) -> bool {
+        self.outcome.outage.is_some()
+    }
+
+    /// How many events the marks cover.
+    fn count(&self) -> usize {
+        let outcome = &self.outcome;
+        outcome.confirmed.len() + outcome.failed.len() + outcome.declined.len() + self.expired.len()
+    }
+}
+
+/// Awaits the batch's confirms (within the deadline set when it was sent).
+pub(crate) fn answer(batch: InFlight, broker: &mut Broker) -> (Told, Marks) {
     let InFlight {
         events,
         sent,
@@ -223,8 +266,39 @@ pub(crate) fn settle(
         Some(sent) => broker.outcome(sent, &events),
         None => Outcome::default(),
     };
-    let expired: Vec<i64> = expired.iter().map(|event| event.id).collect();
-    let committed = mark_and_commit(session, &outcome, &expired);
+    let expired = expired.iter().map(|event| event.id).collect();
+    (Told { events, trace }, Marks { outcome, expired })
+}
+
+/// Marks what the broker said and commits, in the batch's transaction on
+/// its own session; a transaction that could not commit is rolled back.
+/// It touches nothing of the run's, so it may run on a thread of its own
+/// (see relay::drain).
+pub(crate) fn commit(session: &mut Session, marks: &Marks) -> Result<(), Uncommitted> {
+    if let Err(error) = session.mark(&marks.outcome, &marks.expired) {
+        session.roll_back();
+        return Err(Uncommitted::RolledBack(error));
+    }
+    let committed = session.commit_marks(marks.count());
+    if let Err(Uncommitted::RolledBack(_)) = &committed {
+        session.roll_back();
+    }
+    committed
+}
+
+/// Counts a batch whose commit is over in the run's totals, ends its
+/// spans and tells its failures; an outage, or a commit that did not go
+/// through, is the batch's error.
+pub(crate) fn account(
+    told: Told,
+    marks: Marks,
+    committed: Result<(), Uncommitted>,
+    totals: &mut Totals,
+    traces: Option<&Traces>,
+) -> Result<()> {
+    let Told { events, trace } = told;
+    let marked = marks.count();
+    let Marks { outcome, expired } = marks;
     if let (Some(traces), Some(trace)) = (traces, trace) {
         traces.settled(*trace, &events, &outcome, expired.len(), committed.is_ok());
     }
@@ -234,10 +308,6 @@ pub(crate) fn settle(
         Err(Uncommitted::Unknown(error)) => {
             // Neither published nor failed as far as anyone can tell: the
             // summary and the metrics count these events apart.
-            let marked = outcome.confirmed.len()
-                + outcome.failed.len()
-                + outcome.declined.len()
-                + expired.len();
             totals.claimed += (events.len() + expired.len()) as u64;
             totals.unknown += marked as u64;
             return Err(error);
@@ -265,26 +335,6 @@ pub(crate) fn settle(
         Some(outage) => Err(outage),
         None => Ok(()),
     }
-}
-
-/// Marks what the broker said and commits; a transaction that could not
-/// commit is rolled back.
-fn mark_and_commit(
-    session: &mut Session,
-    outcome: &Outcome,
-    expired: &[i64],
-) -> Result<(), Uncommitted> {
-    if let Err(error) = session.mark(outcome, expired) {
-        session.roll_back();
-        return Err(Uncommitted::RolledBack(error));
-    }
-    let marked =
-        outcome.confirmed.len() + outcome.failed.len() + outcome.declined.len() + expired.len();
-    let committed = session.commit_marks(marked);
-    if let Err(Uncommitted::RolledBack(_)) = &committed {
-        session.roll_back();
-    }
-    committed
 }
 
 /// A few lines, not one per event: under cron every line is mailed.

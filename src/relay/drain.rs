@@ -14,8 +14,9 @@ use crate::connect::database::STATEMENT_TIMEOUT;
 use crate::exit::{self, Exit};
 use crate::guard::stop::Stop;
 use crate::guard::watchdog::{self, Watchdog};
-use crate::relay::batch::{self, Ended, InFlight, Opened};
-use crate::relay::session::Session;
+use crate::relay::batch::{self, Ended, InFlight, Marks, Opened, Told};
+use crate::relay::committer::Committer;
+use crate::relay::session::{Session, Uncommitted};
 use crate::report::progress::Progress;
 use crate::report::totals::Totals;
 use crate::report::traces::{Place, Traces};
@@ -43,10 +44,64 @@ pub(crate) struct Drain<'a> {
 /// The batches in flight, oldest first, each with the index of its session.
 type Flight = VecDeque<(usize, InFlight)>;
 
-/// The run's sessions and which of them have no batch.
-struct Sessions<'s> {
-    all: &'s mut Vec<Session>,
+/// The run's sessions and which of them have no batch. A session is out
+/// of its place (None) while its batch commits on the committer's thread.
+struct Sessions {
+    all: Vec<Option<Session>>,
     idle: Vec<usize>,
+}
+
+impl Sessions {
+    fn at(&mut self, index: usize) -> &mut Session {
+        self.all[index]
+            .as_mut()
+            .expect("a session is out of its place only while its batch commits")
+    }
+}
+
+/// The batch whose marks the committer is committing: its session's
+/// index, and what the run counts once the commit is over.
+type Committing = (usize, Told);
+
+/// What a failure leaves to settle, oldest first: the batch the committer
+/// has, the batch whose confirms are in, and the batches in flight.
+struct Pending {
+    committing: Option<Committing>,
+    answered: Option<(usize, Told, Marks)>,
+    flight: Flight,
+}
+
+/// The failure a drain reports, and those it has told already.
+struct Failures {
+    reported: anyhow::Error,
+    told: Vec<String>,
+}
+
+impl Failures {
+    fn new(first: anyhow::Error) -> Self {
+        Failures {
+            told: vec![format!("{first:#}")],
+            reported: first,
+        }
+    }
+
+    /// A later batch's result: a failure is told once; a refusal the
+    /// operator must fix is reported over an outage (see
+    /// `settle_after_failure`).
+    fn add(&mut self, later: Result<()>) {
+        let Err(later) = later else { return };
+        let text = format!("{later:#}");
+        if self.told.contains(&text) {
+            return;
+        }
+        if Exit::of(&later) == Exit::Config && Exit::of(&self.reported) != Exit::Config {
+            log::info!("a consequence of the failure below: {:#}", self.reported);
+            self.reported = later;
+        } else {
+            log::warn!("a batch in flight failed too: {text}");
+        }
+        self.told.push(text);
+    }
 }
 
 /// How long a row behind the drain's claims may wait while the drain goes
@@ -119,7 +174,7 @@ impl Claims {
 impl Drain<'_> {
     /// Runs batches until nothing is due, a limit is reached, a signal
     /// comes or one fails. `sessions` holds the run's first session; more
-    /// may be added, up to the run's batches in flight.
+    /// may be added, up to `Relay::sessions`.
     ///
     /// Each batch is a transaction of its own, holding its rows' locks until
     /// its own commit: SKIP LOCKED keeps batches in flight apart exactly as
@@ -127,32 +182,64 @@ impl Drain<'_> {
     /// or channel close can be blamed on another batch's events. Batches are
     /// settled in the order they were sent, so a batch's confirm deadline
     /// has always passed or been met before the next one's.
+    ///
+    /// A plain drain commits each batch on the committer's thread, on one
+    /// more session, while it awaits the next batch's confirms (see
+    /// relay::committer); the batches are still counted in the order they
+    /// were sent. The ordered modes commit on the drain's thread: their
+    /// next claim must see the batch before it committed (--ordered's table
+    /// lock, --ordered-by-key's keys).
     pub(crate) fn run(&mut self, sessions: &mut Vec<Session>) -> Result<()> {
-        let mut sessions = Sessions {
+        let mut pool = Sessions {
             // Session 0 first: with --follow, later rounds find the
             // sessions an earlier backlog opened, all idle.
             idle: (0..sessions.len()).rev().collect(),
-            all: sessions,
+            all: sessions.drain(..).map(Some).collect(),
         };
+        let mut committer = match self.relay.commits_apart() {
+            true => Committer::start(),
+            false => None,
+        };
+        let result = self.batches(&mut pool, committer.as_mut());
+        // Every commit is over by now: each session is in its place.
+        sessions.extend(pool.all.into_iter().flatten());
+        result
+    }
+
+    fn batches(
+        &mut self,
+        sessions: &mut Sessions,
+        mut committer: Option<&mut Committer>,
+    ) -> Result<()> {
         let mut flight = Flight::new();
+        let mut committing: Option<Committing> = None;
         let mut claims = Claims::new();
         let mut claiming = true;
         let by_key = self.relay.order() == Order::ByKey;
         loop {
             // --batch-bytes bounds the payloads of every batch in flight
             // together: a claim gets what the others leave of it.
-            let room = |flight: &Flight| self.relay.batch_bytes - bytes(flight);
-            while claiming && self.may_open(flight.len()) && room(&flight) > 0 {
-                let Some(index) = self.free_session(&mut sessions, claims.backlog) else {
+            // The batch that commits still holds its events.
+            let held = committing.as_ref().map_or(0, |(_, told)| told.bytes());
+            let room = |flight: &Flight| self.relay.batch_bytes - held - bytes(flight);
+            // A batch that commits still counts for --max-batches; it no
+            // longer holds anything at the broker.
+            let opened = |flight: &Flight| flight.len() + usize::from(committing.is_some());
+            while claiming
+                && flight.len() < self.relay.in_flight
+                && self.may_open(opened(&flight))
+                && room(&flight) > 0
+            {
+                let Some(index) = self.free_session(sessions, claims.backlog) else {
                     break;
                 };
                 // Opening a session takes time: --max-duration may have passed.
-                if !self.may_open(flight.len()) {
+                if !self.may_open(opened(&flight)) {
                     sessions.idle.push(index);
                     break;
                 }
                 self.arm_for_batches();
-                match self.open_next(&mut sessions.all[index], &mut claims, room(&flight)) {
+                match self.open_next(sessions.at(index), &mut claims, room(&flight)) {
                     Ok(Some(batch)) => {
                         // --ordered-by-key: a batch that is not full took
                         // every event claimable now; the next events of its
@@ -166,31 +253,105 @@ impl Drain<'_> {
                         sessions.idle.push(index);
                         claiming = false;
                     }
-                    Err(error) => return self.settle_after_failure(sessions.all, flight, error),
+                    Err(error) => {
+                        let pending = Pending {
+                            committing: committing.take(),
+                            answered: None,
+                            flight,
+                        };
+                        return self.settle_after_failure(sessions, committer, pending, error);
+                    }
                 }
             }
             let Some((index, batch)) = flight.pop_front() else {
-                return Ok(());
+                // Nothing in flight: the drain is over, or its next batch
+                // waits for the session of the batch that commits.
+                let Some(last) = committing.take() else {
+                    return Ok(());
+                };
+                self.committed(sessions, committer.as_deref_mut(), last)?;
+                continue;
             };
             self.arm_for_batches();
-            let settled = batch::settle(
-                &mut sessions.all[index],
-                batch,
-                self.broker,
-                self.totals,
-                self.traces.map(|(traces, _)| traces),
-            );
-            self.progress.update(self.totals);
-            if let Err(error) = settled {
-                return self.settle_after_failure(sessions.all, flight, error);
+            let (told, marks) = batch::answer(batch, self.broker);
+            // The batch before this one is counted first.
+            if let Some(previous) = committing.take()
+                && let Err(error) = self.committed(sessions, committer.as_deref_mut(), previous)
+            {
+                let pending = Pending {
+                    committing: None,
+                    answered: Some((index, told, marks)),
+                    flight,
+                };
+                return self.settle_after_failure(sessions, committer, pending, error);
             }
-            sessions.idle.push(index);
+            match committer.as_deref_mut() {
+                // A batch the broker failed opens no other: it is
+                // committed here, and ends the drain.
+                Some(committer) if !marks.outage() => {
+                    let session = sessions.all[index].take().expect("the batch's session");
+                    committer.commit(session, marks);
+                    committing = Some((index, told));
+                }
+                _ => {
+                    if let Err(error) = self.commit_here(sessions, index, told, marks) {
+                        let pending = Pending {
+                            committing: None,
+                            answered: None,
+                            flight,
+                        };
+                        return self.settle_after_failure(sessions, committer, pending, error);
+                    }
+                }
+            }
             // --ordered-by-key: a claim that found nothing may have found
             // every key held by the batches in flight, and this one's keys
             // may have their next events claimable now. The drain ends once
             // a claim finds nothing with no batch in flight.
             claiming |= by_key;
         }
+    }
+
+    /// Waits for the committer's batch, puts its session back in its
+    /// place and counts the batch.
+    fn committed(
+        &mut self,
+        sessions: &mut Sessions,
+        committer: Option<&mut Committer>,
+        (index, told): Committing,
+    ) -> Result<()> {
+        let committer = committer.expect("a batch commits on the committer's thread");
+        self.arm_for_batches();
+        let (session, marks, committed) = committer.wait();
+        sessions.all[index] = Some(session);
+        sessions.idle.push(index);
+        self.count(told, marks, committed)
+    }
+
+    /// Marks and commits a batch on the drain's own thread, and counts it.
+    fn commit_here(
+        &mut self,
+        sessions: &mut Sessions,
+        index: usize,
+        told: Told,
+        marks: Marks,
+    ) -> Result<()> {
+        let committed = batch::commit(sessions.at(index), &marks);
+        sessions.idle.push(index);
+        self.count(told, marks, committed)
+    }
+
+    /// Counts a batch whose commit is over (see batch::account).
+    fn count(
+        &mut self,
+        told: Told,
+        marks: Marks,
+        committed: Result<(), Uncommitted>,
+    ) -> Result<()> {
+        let traces = self.traces.map(|(traces, _)| traces);
+        let counted = batch::account(told, marks, committed, self.totals, traces);
+        self.progress.update(self.totals);
+        counted
     }
 
     /// Opens a batch where the claims stand, and sends it. Returns None
@@ -238,36 +399,25 @@ impl Drain<'_> {
     /// is not.
     fn settle_after_failure(
         &mut self,
-        sessions: &mut [Session],
-        flight: Flight,
+        sessions: &mut Sessions,
+        committer: Option<&mut Committer>,
+        pending: Pending,
         error: anyhow::Error,
     ) -> Result<()> {
-        let mut reported = error;
-        let mut told = vec![format!("{reported:#}")];
-        for (index, batch) in flight {
-            self.arm_for_batches();
-            let later = batch::settle(
-                &mut sessions[index],
-                batch,
-                self.broker,
-                self.totals,
-                self.traces.map(|(traces, _)| traces),
-            );
-            self.progress.update(self.totals);
-            let Err(later) = later else { continue };
-            let text = format!("{later:#}");
-            if told.contains(&text) {
-                continue;
-            }
-            if Exit::of(&later) == Exit::Config && Exit::of(&reported) != Exit::Config {
-                log::info!("a consequence of the failure below: {:#}", reported);
-                reported = later;
-            } else {
-                log::warn!("a batch in flight failed too: {text}");
-            }
-            told.push(text);
+        let mut failures = Failures::new(error);
+        if let Some(committing) = pending.committing {
+            let committed = self.committed(sessions, committer, committing);
+            failures.add(committed);
         }
-        Err(reported)
+        if let Some((index, told, marks)) = pending.answered {
+            failures.add(self.commit_here(sessions, index, told, marks));
+        }
+        for (index, batch) in pending.flight {
+            self.arm_for_batches();
+            let (told, marks) = batch::answer(batch, self.broker);
+            failures.add(self.commit_here(sessions, index, told, marks));
+        }
+        Err(failures.reported)
     }
 
     /// A session for the next batch: an idle one, or, while a backlog is
@@ -286,7 +436,7 @@ impl Drain<'_> {
             .arm(budget, "opening another PostgreSQL session", *self.totals);
         match Session::open(self.database, self.relay, self.stop) {
             Ok(session) => {
-                sessions.all.push(session);
+                sessions.all.push(Some(session));
                 Some(sessions.all.len() - 1)
             }
             // A signal came: no new batch starts, which may_open now says.

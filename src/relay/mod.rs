@@ -11,6 +11,7 @@
 //! listeners of a follow over many outboxes.
 
 pub(crate) mod batch;
+mod committer;
 pub(crate) mod drain;
 pub(crate) mod follow;
 pub mod many;
@@ -109,7 +110,7 @@ fn run_batches(
         progress: &mut progress,
         totals,
         started,
-        session_limit: relay.in_flight,
+        session_limit: relay.sessions(),
         traces,
     };
     let result = match relay.follow {
