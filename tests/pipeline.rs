@@ -196,6 +196,32 @@ fn a_drain_holds_no_more_payload_bytes_in_flight_than_batch_bytes() {
 }
 
 #[test]
+fn the_batch_a_drain_commits_still_counts_against_batch_bytes() {
+    let mut fx = Fixture::new("pipeline_bytes_committing");
+    fx.execute(
+        "INSERT INTO {table} (event_id, event_type, payload) \
+         SELECT 'e-' || g, 'order.created', jsonb_build_object('blob', repeat('x', 10000)) \
+         FROM generate_series(1, 12) g",
+    );
+    // Each full batch holds more than 25 kB: while one commits, its
+    // events still count, so the next waits for its session.
+    let db = Proxy::start(database_addr());
+    let url = database_url_via(db.port());
+    let args = [
+        "--drain",
+        "--batch-size",
+        "3",
+        "--batch-bytes",
+        "25kB",
+        "--json",
+    ];
+    let run = fx.run_with(&[("DATABASE_URL", url.as_str())], &args);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!((run.field("published"), run.field("batches")), (12, 4));
+    assert_eq!(db.connections(), 1);
+}
+
+#[test]
 fn a_batch_that_fails_to_mark_still_lets_the_batches_in_flight_behind_it_be_marked() {
     let mut fx = Fixture::new("pipeline_mark_fails");
     fx.insert("e", 60);
