@@ -21,73 +21,95 @@ use crate::relay::session::{Session, Uncommitted};
 type Job = (Session, Marks);
 type Done = (Session, Marks, Result<(), Uncommitted>);
 
+/// The thread, started by the first batch handed over: a drain that finds
+/// nothing makes none.
+#[derive(Default)]
 pub(super) struct Committer {
-    work: Option<Sender<Job>>,
+    thread: Option<Thread>,
+    /// The result of a batch committed on the drain's own thread, when the
+    /// system would not make one.
+    here: Option<Done>,
+}
+
+struct Thread {
+    work: Sender<Job>,
     done: Receiver<Done>,
-    thread: Option<JoinHandle<()>>,
+    handle: JoinHandle<()>,
 }
 
 impl Committer {
-    /// The thread, or None when the system will not make one: the drain
-    /// then commits on its own thread, as a single batch does.
-    pub(super) fn start() -> Option<Committer> {
-        let (work, jobs) = mpsc::channel::<Job>();
-        let (finished, done) = mpsc::channel::<Done>();
-        let thread = thread::Builder::new().name("commit".into()).spawn(move || {
+    /// Hands a batch's session and marks over. One batch at a time:
+    /// `wait` for it before the next.
+    pub(super) fn commit(&mut self, mut session: Session, marks: Marks) {
+        if self.thread.is_none() {
+            match start() {
+                Ok(thread) => self.thread = Some(thread),
+                Err(error) => log::debug!("committing on the drain's own thread: {error}"),
+            }
+        }
+        match &self.thread {
+            // The thread ends only when its sender is dropped, or by a
+            // panic, which `wait` passes on.
+            Some(thread) => {
+                let _ = thread.work.send((session, marks));
+            }
+            None => {
+                let committed = batch::commit(&mut session, &marks);
+                self.here = Some((session, marks, committed));
+            }
+        }
+    }
+
+    /// The batch handed over last, its commit over: its session back, its
+    /// marks and the commit's result.
+    pub(super) fn wait(&mut self) -> Done {
+        if let Some(done) = self.here.take() {
+            return done;
+        }
+        let thread = self.thread.take().expect("a batch was handed over");
+        match thread.done.recv() {
+            Ok(done) => {
+                self.thread = Some(thread);
+                done
+            }
+            // The thread is gone with the session: it panicked, and the
+            // panic is the run's (one line on stderr, report::panic).
+            Err(_) => {
+                drop(thread.work);
+                match thread.handle.join() {
+                    Err(panic) => std::panic::resume_unwind(panic),
+                    Ok(()) => unreachable!("the commit thread ended with a batch in hand"),
+                }
+            }
+        }
+    }
+}
+
+/// The thread: it commits each batch it is handed, until the drain drops
+/// its sender.
+fn start() -> std::io::Result<Thread> {
+    let (work, jobs) = mpsc::channel::<Job>();
+    let (finished, done) = mpsc::channel::<Done>();
+    let handle = thread::Builder::new()
+        .name("commit".into())
+        .spawn(move || {
             for (mut session, marks) in jobs {
                 let committed = batch::commit(&mut session, &marks);
                 if finished.send((session, marks, committed)).is_err() {
                     return;
                 }
             }
-        });
-        match thread {
-            Ok(thread) => Some(Committer {
-                work: Some(work),
-                done,
-                thread: Some(thread),
-            }),
-            Err(error) => {
-                log::debug!("committing on the drain's own thread: {error}");
-                None
-            }
-        }
-    }
-
-    /// Hands a batch's session and marks to the thread. One batch at a
-    /// time: `wait` for it before the next.
-    pub(super) fn commit(&self, session: Session, marks: Marks) {
-        let work = self
-            .work
-            .as_ref()
-            .expect("the sender lives as long as the committer");
-        // The thread ends only when `work` is dropped, or by a panic,
-        // which `wait` passes on.
-        let _ = work.send((session, marks));
-    }
-
-    /// The batch handed over last, its commit over: its session back, its
-    /// marks and the commit's result.
-    pub(super) fn wait(&mut self) -> Done {
-        match self.done.recv() {
-            Ok(done) => done,
-            // The thread is gone with the session: it panicked, and the
-            // panic is the run's (one line on stderr, report::panic).
-            Err(_) => match self.thread.take().map(JoinHandle::join) {
-                Some(Err(panic)) => std::panic::resume_unwind(panic),
-                _ => unreachable!("the commit thread ended with a batch in hand"),
-            },
-        }
-    }
+        })?;
+    Ok(Thread { work, done, handle })
 }
 
 impl Drop for Committer {
-    /// Ends the thread: it finishes the batch it has (the drain has always
-    /// waited for it by then) and leaves its loop.
+    /// Ends the thread: the drain has waited for its last batch by then,
+    /// so it only leaves its loop.
     fn drop(&mut self) {
-        drop(self.work.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        if let Some(Thread { work, handle, .. }) = self.thread.take() {
+            drop(work);
+            let _ = handle.join();
         }
     }
 }

@@ -196,10 +196,7 @@ impl Drain<'_> {
             idle: (0..sessions.len()).rev().collect(),
             all: sessions.drain(..).map(Some).collect(),
         };
-        let mut committer = match self.relay.commits_apart() {
-            true => Committer::start(),
-            false => None,
-        };
+        let mut committer = self.relay.commits_apart().then(Committer::default);
         let result = self.batches(&mut pool, committer.as_mut());
         // Every commit is over by now: each session is in its place.
         sessions.extend(pool.all.into_iter().flatten());
