@@ -29,6 +29,8 @@ pub(super) struct Committer {
     /// The result of a batch committed on the drain's own thread, when the
     /// system would not make one.
     here: Option<Done>,
+    /// The system would not make the thread: the run does not ask again.
+    refused: bool,
 }
 
 struct Thread {
@@ -41,10 +43,13 @@ impl Committer {
     /// Hands a batch's session and marks over. One batch at a time:
     /// `wait` for it before the next.
     pub(super) fn commit(&mut self, mut session: Session, marks: Marks) {
-        if self.thread.is_none() {
+        if self.thread.is_none() && !self.refused {
             match start() {
                 Ok(thread) => self.thread = Some(thread),
-                Err(error) => log::debug!("committing on the drain's own thread: {error}"),
+                Err(error) => {
+                    self.refused = true;
+                    log::debug!("committing on the drain's own thread: {error}");
+                }
             }
         }
         match &self.thread {

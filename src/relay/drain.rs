@@ -32,7 +32,8 @@ pub(crate) struct Drain<'a> {
     pub(crate) progress: &'a mut Progress,
     pub(crate) totals: &'a mut Totals,
     pub(crate) started: Instant,
-    /// How many sessions the run may have: one for each batch in flight,
+    /// How many sessions the run may have: one for each batch in flight
+    /// and one for the batch a plain drain commits (`Relay::sessions`),
     /// fewer once the server has refused one more. Kept for the whole run,
     /// so that a follow, whose sessions go and come with each burst, tries
     /// and warns only once.
