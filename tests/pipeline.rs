@@ -179,14 +179,19 @@ fn a_drain_of_large_batches_holds_two_in_flight_and_commits_on_a_third_session()
     assert_eq!(connections, 3);
 }
 
+/// Inserts `count` events e-1, e-2, ... of 10 kB payloads each.
+fn insert_10_kb_events(fx: &mut Fixture, count: u32) {
+    fx.execute(&format!(
+        "INSERT INTO {{table}} (event_id, event_type, payload) \
+         SELECT 'e-' || g, 'order.created', jsonb_build_object('blob', repeat('x', 10000)) \
+         FROM generate_series(1, {count}) g"
+    ));
+}
+
 #[test]
 fn a_drain_holds_no_more_payload_bytes_in_flight_than_batch_bytes() {
     let mut fx = Fixture::new("pipeline_bytes_in_flight");
-    fx.execute(
-        "INSERT INTO {table} (event_id, event_type, payload) \
-         SELECT 'e-' || g, 'order.created', jsonb_build_object('blob', repeat('x', 10000)) \
-         FROM generate_series(1, 40) g",
-    );
+    insert_10_kb_events(&mut fx, 40);
     // Full batches of three 10 kB events: by count the drain would keep
     // four in flight, but the first already holds more than 25 kB.
     let args = ["--batch-size", "3", "--batch-bytes", "25kB"];
@@ -198,11 +203,7 @@ fn a_drain_holds_no_more_payload_bytes_in_flight_than_batch_bytes() {
 #[test]
 fn the_batch_a_drain_commits_still_counts_against_batch_bytes() {
     let mut fx = Fixture::new("pipeline_bytes_committing");
-    fx.execute(
-        "INSERT INTO {table} (event_id, event_type, payload) \
-         SELECT 'e-' || g, 'order.created', jsonb_build_object('blob', repeat('x', 10000)) \
-         FROM generate_series(1, 12) g",
-    );
+    insert_10_kb_events(&mut fx, 12);
     // Each full batch holds more than 25 kB: while one commits, its
     // events still count, so the next waits for its session.
     let db = Proxy::start(database_addr());

@@ -66,8 +66,7 @@ impl InFlight {
 
     /// The payload bytes the batch holds, for --batch-bytes.
     pub(crate) fn bytes(&self) -> i64 {
-        let bytes: usize = self.all().map(|event| event.payload.len()).sum();
-        i64::try_from(bytes).unwrap_or(i64::MAX)
+        payload_bytes(self.all())
     }
 
     /// The last key claimed, in the order of an --ordered-by-key claim.
@@ -229,9 +228,14 @@ pub(crate) struct Told {
 impl Told {
     /// The payload bytes the batch still holds, for --batch-bytes.
     pub(crate) fn bytes(&self) -> i64 {
-        let bytes: usize = self.events.iter().map(|event| event.payload.len()).sum();
-        i64::try_from(bytes).unwrap_or(i64::MAX)
+        payload_bytes(self.events.iter())
     }
+}
+
+/// The payload bytes of `events`, for --batch-bytes.
+fn payload_bytes<'e>(events: impl Iterator<Item = &'e Event>) -> i64 {
+    let bytes: usize = events.map(|event| event.payload.len()).sum();
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 /// What to mark in a batch's transaction: what the broker said, and the
