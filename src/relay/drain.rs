@@ -72,6 +72,17 @@ struct Pending {
     flight: Flight,
 }
 
+impl Pending {
+    /// Only the batches in flight.
+    fn behind(flight: Flight) -> Self {
+        Pending {
+            committing: None,
+            answered: None,
+            flight,
+        }
+    }
+}
+
 /// The failure a drain reports, and those it has told already.
 struct Failures {
     reported: anyhow::Error,
@@ -254,8 +265,7 @@ impl Drain<'_> {
                     Err(error) => {
                         let pending = Pending {
                             committing: committing.take(),
-                            answered: None,
-                            flight,
+                            ..Pending::behind(flight)
                         };
                         return self.settle_after_failure(sessions, committer, pending, error);
                     }
@@ -277,9 +287,8 @@ impl Drain<'_> {
                 && let Err(error) = self.committed(sessions, committer.as_deref_mut(), previous)
             {
                 let pending = Pending {
-                    committing: None,
                     answered: Some((index, told, marks)),
-                    flight,
+                    ..Pending::behind(flight)
                 };
                 return self.settle_after_failure(sessions, committer, pending, error);
             }
@@ -293,11 +302,7 @@ impl Drain<'_> {
                 }
                 _ => {
                     if let Err(error) = self.commit_here(sessions, index, told, marks) {
-                        let pending = Pending {
-                            committing: None,
-                            answered: None,
-                            flight,
-                        };
+                        let pending = Pending::behind(flight);
                         return self.settle_after_failure(sessions, committer, pending, error);
                     }
                 }
