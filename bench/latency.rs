@@ -11,7 +11,9 @@
 //! durable queue bound `#`, auto-ack. Latency = the consumer's receipt
 //! minus the moment the producer's INSERT returned (its commit included),
 //! both read from the system's real-time clock, the one clock two
-//! processes share. Compared in the same run with an every-10-s crontab,
+//! processes share. Under them, RabbitMQ alone: the contract's messages
+//! published by the bench at the same rate, from the publish to the
+//! consumer's receipt, the floor no relay goes below. Compared in the same run with an every-10-s crontab,
 //! measured: the same binary run with --drain at 10, 20 and 30 s into the
 //! same producer's run (the crontab's one-batch lines could not keep up
 //! with 100 events/s). Then the CPU an idle follow uses over
@@ -41,6 +43,8 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use postgres::{Client, NoTls};
+
+use outbox_poll::broker::message::outgoing;
 
 use crate::common::{Fixture, check, env_list, env_or};
 
@@ -341,6 +345,46 @@ fn latency_line(name: &str, rate: u64, seconds: u64, lane: &Lane, commits: &Comm
     )
 }
 
+/// RabbitMQ alone, the floor under every line: the contract's messages,
+/// as the relay builds them (`broker::message`), published straight to
+/// the lane's exchange at `rate`, each as it falls due, on a confirm-mode
+/// channel whose confirms are awaited at the end; latency from the
+/// publish. No table, no relay: what the broker's own delivery costs.
+fn broker_alone(fx: &mut Fixture, lane: &Lane, rate: u64, seconds: u64) -> Commits {
+    lane.empty(fx);
+    let events = crate::filled_and_read(fx, (rate * seconds) as i64);
+    let exchange = lane.exchange.as_str();
+    let commits = fx.runtime.block_on(async {
+        let channel = crate::confirm_channel(&fx.connection).await;
+        let started = tokio::time::Instant::now();
+        let mut commits = Vec::with_capacity(events.len());
+        let mut confirms = Vec::with_capacity(events.len());
+        for (n, event) in events.iter().enumerate() {
+            tokio::time::sleep_until(started + Duration::from_secs_f64(n as f64 / rate as f64))
+                .await;
+            let message = outgoing(event, u32::MAX).expect("a sendable event");
+            let id = message
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .to_string();
+            commits.push((id, epoch_ns()));
+            confirms.push(crate::publish(&channel, exchange, event).await.unwrap());
+        }
+        for confirm in confirms {
+            assert!(
+                confirm.await.unwrap().is_ack(),
+                "the broker nacked a message"
+            );
+        }
+        let _ = channel.close(200, "bye".into()).await;
+        commits
+    });
+    await_arrivals(lane, &commits);
+    commits
+}
+
 /// `outbox-poll --follow` on `lane` while the producer runs at `rate`.
 fn follow(fx: &mut Fixture, lane: &Lane, rate: u64, seconds: u64) -> Commits {
     lane.empty(fx);
@@ -483,7 +527,8 @@ pub fn latency(fx: &mut Fixture) -> Vec<String> {
     ];
     for rate in rates {
         let rate = rate as u64;
-        let runs: [(&str, &Lane, Relaying); 3] = [
+        let runs: [(&str, &Lane, Relaying); 4] = [
+            ("RabbitMQ alone, publish to receipt", &polled, broker_alone),
             ("--follow, notify trigger", &notified, follow),
             ("--follow, polling (no trigger)", &polled, follow),
             ("--drain every 10 s (cron)", &polled, cron),
