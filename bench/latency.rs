@@ -13,8 +13,8 @@
 //! both read from the system's real-time clock, the one clock two
 //! processes share. Under them, RabbitMQ alone: the contract's messages
 //! published by the bench at the same rate, from the publish to the
-//! consumer's receipt, the floor no relay goes below. Compared in the same run with an every-10-s crontab,
-//! measured: the same binary run with --drain at 10, 20 and 30 s into the
+//! consumer's receipt, the floor no relay goes below. Compared in the
+//! same run with an every-10-s crontab, measured: the same binary run with --drain at 10, 20 and 30 s into the
 //! same producer's run (the crontab's one-batch lines could not keep up
 //! with 100 events/s). Then the CPU an idle follow uses over
 //! BENCH_IDLE_SECONDS, its own and that of its PostgreSQL backend (utime +
@@ -354,21 +354,27 @@ fn broker_alone(fx: &mut Fixture, lane: &Lane, rate: u64, seconds: u64) -> Commi
     lane.empty(fx);
     let events = crate::filled_and_read(fx, (rate * seconds) as i64);
     let exchange = lane.exchange.as_str();
+    // Each event's message_id, read before the clock starts.
+    let ids: Vec<String> = events
+        .iter()
+        .map(|event| {
+            let message = outgoing(event, u32::MAX).expect("a sendable event");
+            message
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
     let commits = fx.runtime.block_on(async {
         let channel = crate::confirm_channel(&fx.connection).await;
         let started = tokio::time::Instant::now();
         let mut commits = Vec::with_capacity(events.len());
         let mut confirms = Vec::with_capacity(events.len());
-        for (n, event) in events.iter().enumerate() {
+        for (n, (event, id)) in events.iter().zip(ids).enumerate() {
             tokio::time::sleep_until(started + Duration::from_secs_f64(n as f64 / rate as f64))
                 .await;
-            let message = outgoing(event, u32::MAX).expect("a sendable event");
-            let id = message
-                .properties
-                .message_id()
-                .as_ref()
-                .unwrap()
-                .to_string();
             commits.push((id, epoch_ns()));
             confirms.push(crate::publish(&channel, exchange, event).await.unwrap());
         }
