@@ -323,12 +323,25 @@ fn latency_line(name: &str, rate: u64, seconds: u64, lane: &Lane, commits: &Comm
         slow(true),
         slow(false)
     );
-    let mut latencies: Vec<f64> = timed.iter().map(|(ms, _)| *ms).collect();
-    latencies.sort_by(f64::total_cmp);
-    let at = |q: f64| match latencies.len() {
-        0 => f64::NAN,
-        n => latencies[((n as f64 - 1.0) * q).round() as usize],
-    };
+    // p99 over each 5 s of the stream: a latency that grows as the run
+    // goes on is told apart from one spread over it.
+    let by_part: Vec<String> = (0..seconds.div_ceil(5))
+        .map(|part| {
+            let within = |at: f64| (at / 5.0) as u64 == part;
+            let part: Vec<f64> = timed
+                .iter()
+                .filter(|(_, at)| within(*at))
+                .map(|(ms, _)| *ms)
+                .collect();
+            format!("{:.1}", quantile(part, 0.99))
+        })
+        .collect();
+    eprintln!(
+        "bench:   {name} at {rate}/s: p99 by 5 s: {}",
+        by_part.join(" ")
+    );
+    let latencies: Vec<f64> = timed.iter().map(|(ms, _)| *ms).collect();
+    let at = |q: f64| quantile(latencies.clone(), q);
     // What the producer achieved, from its first commit to its last: a
     // busy machine slows it down.
     let span = match (commits.first(), commits.last()) {
@@ -343,6 +356,15 @@ fn latency_line(name: &str, rate: u64, seconds: u64, lane: &Lane, commits: &Comm
         at(0.99),
         load()
     )
+}
+
+/// The `q` quantile of `values` (NaN when there are none).
+fn quantile(mut values: Vec<f64>, q: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n => values[((n as f64 - 1.0) * q).round() as usize],
+    }
 }
 
 /// RabbitMQ alone, the floor under every line: the contract's messages,

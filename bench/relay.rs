@@ -63,7 +63,7 @@ use lapin::{BasicProperties, Channel, Confirmation};
 use outbox_poll::broker::message::{Outgoing, outgoing};
 use outbox_poll::cli::{DEFAULT_MAX_ATTEMPTS, OnPublish};
 use outbox_poll::config::in_flight;
-use outbox_poll::relay::session::GENERIC_PLANS;
+use outbox_poll::relay::session::RELAY_PLANS;
 use outbox_poll::sql::outbox::{Event, Order, Outbox, Start};
 use outbox_poll::sql::table::TableName;
 use postgres::{Client, NoTls};
@@ -76,7 +76,7 @@ fn relay_session(fx: &Fixture) -> Client {
         .parse()
         .expect("BENCH_DATABASE_URL");
     config
-        .options(GENERIC_PLANS)
+        .options(RELAY_PLANS)
         .connect(NoTls)
         .expect("connecting to PostgreSQL")
 }

@@ -316,6 +316,73 @@ fn a_follow_that_starts_on_an_empty_table_never_connects_to_the_broker() {
     assert_eq!(broker.connections(), 0, "it connected to the broker");
 }
 
+/// (rows read by sequential scans, rows updated) of the fixture's table,
+/// as the server's statistics have them.
+fn scanned_and_updated(fx: &mut Fixture) -> (i64, i64) {
+    fx.db
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .unwrap();
+    let sql = "SELECT seq_tup_read, n_tup_upd FROM pg_stat_user_tables \
+               WHERE relid = $1::text::regclass";
+    let row = fx.db.query_one(sql, &[&fx.quoted_table()]).unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Waits until `count` distinct events arrived, taking them off the queue
+/// (no query of the table: the test's own reads would count as scans).
+fn await_arrivals(fx: &Fixture, seen: &mut HashMap<String, usize>, count: usize) {
+    let arrived = wait_until(Duration::from_secs(10), || {
+        for (id, times) in fx.arrivals() {
+            *seen.entry(id).or_insert(0) += times;
+        }
+        seen.len() == count
+    });
+    assert!(
+        arrived,
+        "{} of {count} events arrived: {seen:?}",
+        seen.len()
+    );
+}
+
+#[test]
+fn a_follow_that_started_on_an_empty_table_marks_by_primary_key_after_the_table_grew() {
+    // The marks are planned once, at the follow's first batch: here on a
+    // table of one row, where reading the whole table is the cheapest
+    // plan. Every later mark must still find its rows by primary key, not
+    // by reading the rows the follow has marked since.
+    let mut fx = Fixture::new("follow_marks_by_key");
+    let follower = Follower::start(&fx, &[], &["--max-duration", "60s"]);
+    let mut seen = HashMap::new();
+    fx.insert("first", 1);
+    await_arrivals(&fx, &mut seen, 1);
+    fx.execute(
+        "INSERT INTO {table} (event_id, event_type, payload, published_at) \
+         SELECT 'marked-' || g, 'order.created', '{}', now() FROM generate_series(1, 2000) g",
+    );
+    for n in 0..3 {
+        fx.insert(&format!("later-{n}"), 1);
+        sleep(Duration::from_millis(50));
+    }
+    await_arrivals(&fx, &mut seen, 4);
+    follower.signal("-TERM");
+    let (run, _) = follower.finish();
+    assert_eq!(
+        (run.code, run.field("published")),
+        (143, 4),
+        "{}",
+        run.stderr
+    );
+    // The follow's session reports its statistics when it ends: its four
+    // marks and its scans together.
+    let mut figures = (0, 0);
+    let reported = wait_until(Duration::from_secs(10), || {
+        figures = scanned_and_updated(&mut fx);
+        figures.1 >= 4
+    });
+    assert!(reported, "the follow's marks never showed: {figures:?}");
+    assert_eq!(figures.0, 0, "rows read by sequential scans");
+}
+
 #[test]
 fn after_a_backlog_a_quiet_follow_lets_go_of_the_broker_and_of_its_extra_sessions() {
     let mut fx = notifying("follow_lets_go");

@@ -12,14 +12,25 @@
 //! primary key's actual end: right after a prune of millions of rows,
 //! before a vacuum, that walks millions of dead index entries, 32 to 50 ms
 //! of planning per claim (measured on 5,000,000 rows; see the README's
-//! Scaling). A generic plan has no value to probe with. The plain claims
-//! and the marks are by primary key, on the pending index, and their
-//! generic plans are the ones a value would pick (checked with EXPLAIN:
-//! the claims walk the pending index in id order, the marks look up the
-//! primary key); the ordered modes' claims walk their order indexes (their
-//! figures under these plans are in the README's Performance). On a
-//! partitioned table the plan, made once, also spares each claim the
-//! planning of every partition.
+//! Scaling). A generic plan has no value to probe with. On a partitioned
+//! table the plan, made once, also spares each claim the planning of every
+//! partition.
+//!
+//! A plan made once is made for the table as it was then, though, and
+//! kept until something invalidates it (an ANALYZE or a VACUUM of the
+//! table, DDL). The marks are prepared at the first claim that returns
+//! events: for a --follow started on an empty outbox, a table of a few
+//! rows, where a sequential scan is the cheapest way to find three ids.
+//! That plan stayed while the follow filled the table with marked rows: on
+//! a server without autovacuum, every mark of a 1,000 events/s follow read
+//! the whole table, 0.7 ms at the start and 3.8 ms (the median) 30 s
+//! later, and the latency of every event grew with it (bench/runs,
+//! 2026-12-07). So the session also sets `enable_seqscan = off`: every
+//! statement it prepares reaches its rows through an index (the claims the
+//! pending index or the ordered modes' indexes, the marks the primary
+//! key, the catalog lookups the catalogs' own), whatever the table's size
+//! when it was planned. It only weighs the planner's costs: a table with
+//! no usable index is still scanned, as before.
 
 use anyhow::Result;
 use postgres::Client;
@@ -192,7 +203,7 @@ pub(crate) fn connect(
     stop: &Stop,
 ) -> Result<Client> {
     database::connect(
-        &generic_plans(info),
+        &relay_plans(info),
         connect_timeout,
         relay.batch_idle_limit(),
         Some(stop),
@@ -209,18 +220,19 @@ fn prepare(client: &mut Client, database: &Database, relay: &Relay) -> Result<Ou
     )
 }
 
-/// The startup option that makes a session plan generically (see above).
-/// (The benchmark's own sessions send it too, to measure the relay's SQL
-/// as the relay runs it.)
-pub const GENERIC_PLANS: &str = "-c plan_cache_mode=force_generic_plan";
+/// The startup options that make a session plan as the relay's do (see
+/// above): generically, and through indexes. (The benchmark's own
+/// sessions send them too, to measure the relay's SQL as the relay runs
+/// it.)
+pub const RELAY_PLANS: &str = "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off";
 
-/// The session's settings with generic plans added, after any options the
-/// database URL gives.
-pub(crate) fn generic_plans(info: &ConnInfo) -> ConnInfo {
+/// The session's settings with the relay's plans added, after any options
+/// the database URL gives.
+pub(crate) fn relay_plans(info: &ConnInfo) -> ConnInfo {
     let mut info = info.clone();
     info.options = Some(match info.options.take() {
-        Some(theirs) => format!("{theirs} {GENERIC_PLANS}"),
-        None => GENERIC_PLANS.to_string(),
+        Some(theirs) => format!("{theirs} {RELAY_PLANS}"),
+        None => RELAY_PLANS.to_string(),
     });
     info
 }
@@ -255,16 +267,16 @@ mod tests {
     }
 
     #[test]
-    fn generic_plans_follow_the_urls_own_options() {
+    fn the_relays_plans_follow_the_urls_own_options() {
         let plain = info("host=db");
         assert_eq!(
-            generic_plans(&plain).options.as_deref(),
-            Some("-c plan_cache_mode=force_generic_plan")
+            relay_plans(&plain).options.as_deref(),
+            Some("-c plan_cache_mode=force_generic_plan -c enable_seqscan=off")
         );
         let theirs = info("host=db options='-c work_mem=64MB'");
         assert_eq!(
-            generic_plans(&theirs).options.as_deref(),
-            Some("-c work_mem=64MB -c plan_cache_mode=force_generic_plan")
+            relay_plans(&theirs).options.as_deref(),
+            Some("-c work_mem=64MB -c plan_cache_mode=force_generic_plan -c enable_seqscan=off")
         );
     }
 }
