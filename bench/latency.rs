@@ -324,16 +324,21 @@ fn latency_line(name: &str, rate: u64, seconds: u64, lane: &Lane, commits: &Comm
         slow(false)
     );
     // p99 over each 5 s of the stream: a latency that grows as the run
-    // goes on is told apart from one spread over it.
-    let by_part: Vec<String> = (0..seconds.div_ceil(5))
+    // goes on is told apart from one spread over it. A slowed producer's
+    // commits past `seconds` count in the last part.
+    let parts = seconds.div_ceil(5).max(1);
+    let by_part: Vec<String> = (0..parts)
         .map(|part| {
-            let within = |at: f64| (at / 5.0) as u64 == part;
+            let within = |at: f64| ((at / 5.0) as u64).min(parts - 1) == part;
             let part: Vec<f64> = timed
                 .iter()
                 .filter(|(_, at)| within(*at))
                 .map(|(ms, _)| *ms)
                 .collect();
-            format!("{:.1}", quantile(part, 0.99))
+            match part.is_empty() {
+                true => "-".to_string(),
+                false => format!("{:.1}", quantile(part, 0.99)),
+            }
         })
         .collect();
     eprintln!(

@@ -83,6 +83,20 @@ impl Follower {
         assert!(status.success(), "kill {name} failed");
     }
 
+    /// Ends the follow with SIGTERM: it exits 143, having published
+    /// `published` events in all.
+    fn terminated_having_published(self, published: i64) -> Run {
+        self.signal("-TERM");
+        let (run, _) = self.finish();
+        assert_eq!(
+            (run.code, run.field("published")),
+            (143, published),
+            "{}",
+            run.stderr
+        );
+        run
+    }
+
     fn running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
     }
@@ -159,14 +173,7 @@ fn events_committed_while_following_are_published_well_before_max_duration() {
         wait_until(Duration::from_secs(10), || fx.published_count() == 4),
         "events committed after the start were not published while it ran"
     );
-    follower.signal("-TERM");
-    let (run, _) = follower.finish();
-    assert_eq!(
-        (run.code, run.field("published")),
-        (143, 4),
-        "{}",
-        run.stderr
-    );
+    follower.terminated_having_published(4);
     let arrivals = fx.arrivals();
     assert_eq!(arrivals.len(), 4, "{arrivals:?}");
     assert!(arrivals.values().all(|&count| count == 1), "{arrivals:?}");
@@ -186,14 +193,7 @@ fn a_table_without_the_notify_trigger_is_followed_by_polling() {
         wait_until(Duration::from_secs(10), || fx.published_count() == 2),
         "without the trigger, new events were not published while it ran"
     );
-    follower.signal("-TERM");
-    let (run, _) = follower.finish();
-    assert_eq!(
-        (run.code, run.field("published")),
-        (143, 2),
-        "{}",
-        run.stderr
-    );
+    follower.terminated_having_published(2);
 }
 
 /// What a polling follow decided before each of its waits, from its trace
@@ -231,14 +231,7 @@ fn waits_around_a_stream(test: &str, quiet: Duration) -> Vec<(u64, u64)> {
         sleep(Duration::from_millis(50));
     }
     assert!(wait_until(Duration::from_secs(10), || fx.published_count() == 20));
-    follower.signal("-TERM");
-    let (run, _) = follower.finish();
-    assert_eq!(
-        (run.code, run.field("published")),
-        (143, 20),
-        "{}",
-        run.stderr
-    );
+    let run = follower.terminated_having_published(20);
     let waits = planned_waits(&run.stderr);
     let met = quiet.as_millis() as u64 * 2 / 3;
     assert!(
@@ -364,14 +357,7 @@ fn a_follow_that_started_on_an_empty_table_marks_by_primary_key_after_the_table_
         sleep(Duration::from_millis(50));
     }
     await_arrivals(&fx, &mut seen, 4);
-    follower.signal("-TERM");
-    let (run, _) = follower.finish();
-    assert_eq!(
-        (run.code, run.field("published")),
-        (143, 4),
-        "{}",
-        run.stderr
-    );
+    follower.terminated_having_published(4);
     // The follow's session reports its statistics when it ends: its four
     // marks and its scans together.
     let mut figures = (0, 0);

@@ -28,9 +28,16 @@
 //! 2026-12-07). So the session also sets `enable_seqscan = off`: every
 //! statement it prepares reaches its rows through an index (the claims the
 //! pending index or the ordered modes' indexes, the marks the primary
-//! key, the catalog lookups the catalogs' own), whatever the table's size
-//! when it was planned. It only weighs the planner's costs: a table with
-//! no usable index is still scanned, as before.
+//! key), whatever the table's size when it was planned. The one statement
+//! that must read a whole catalog, the lookup of `--table`'s patterns,
+//! turns the setting back on for itself (plan::read_catalog).
+//!
+//! The setting only weighs the planner's costs: a statement with no index
+//! to use still scans, with 10^10 added to its cost, and up to PostgreSQL
+//! 17 a cost that high makes every execution compile the plan with JIT
+//! (inlined and optimized: tens of milliseconds). The relay's statements
+//! each touch a batch of rows at most, where JIT never pays, so the
+//! session also sets `jit = off`.
 
 use anyhow::Result;
 use postgres::Client;
@@ -194,7 +201,8 @@ impl Session {
     }
 }
 
-/// A relay session, its statements not prepared yet: plans generic, each
+/// A relay session, its statements not prepared yet: plans generic and on
+/// indexes, each
 /// transaction bounded for a batch (a signal ends the connect at once).
 pub(crate) fn connect(
     info: &ConnInfo,
@@ -224,7 +232,8 @@ fn prepare(client: &mut Client, database: &Database, relay: &Relay) -> Result<Ou
 /// above): generically, and through indexes. (The benchmark's own
 /// sessions send them too, to measure the relay's SQL as the relay runs
 /// it.)
-pub const RELAY_PLANS: &str = "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off";
+pub const RELAY_PLANS: &str =
+    "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c jit=off";
 
 /// The session's settings with the relay's plans added, after any options
 /// the database URL gives.
@@ -271,12 +280,14 @@ mod tests {
         let plain = info("host=db");
         assert_eq!(
             relay_plans(&plain).options.as_deref(),
-            Some("-c plan_cache_mode=force_generic_plan -c enable_seqscan=off")
+            Some("-c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c jit=off")
         );
         let theirs = info("host=db options='-c work_mem=64MB'");
         assert_eq!(
             relay_plans(&theirs).options.as_deref(),
-            Some("-c work_mem=64MB -c plan_cache_mode=force_generic_plan -c enable_seqscan=off")
+            Some(
+                "-c work_mem=64MB -c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c jit=off"
+            )
         );
     }
 }

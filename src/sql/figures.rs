@@ -112,14 +112,22 @@ pub(crate) struct DeadTuples {
 /// settings (migration 0005) do not vacuum before 1,000 dead versions.
 pub(crate) const MEANINGFUL_VERSIONS: i64 = 1000;
 
-/// `dead_tuple_ratio`, and the row versions counted.
+/// `dead_tuple_ratio`, and the row versions counted. The counts are read
+/// by oid, for the table and its partitions (pg_partition_tree has no row
+/// for a table that is not partitioned), not from pg_stat_all_tables:
+/// that view is built over all of pg_class, and the relay's sessions,
+/// which run this for the metrics file, plan without sequential scans
+/// (relay::session).
 pub(crate) fn dead_tuples(client: &mut Client, table: &TableName) -> Result<DeadTuples> {
     let row = client
         .query_one(
-            "SELECT (sum(n_dead_tup) / nullif(sum(n_live_tup + n_dead_tup), 0))::float8, \
-                    coalesce(sum(n_live_tup + n_dead_tup), 0)::int8 \
-             FROM pg_stat_all_tables WHERE relid = $1::text::regclass \
-               OR relid IN (SELECT relid FROM pg_partition_tree($1::text::regclass))",
+            "SELECT (sum(dead) / nullif(sum(live + dead), 0))::float8, \
+                    coalesce(sum(live + dead), 0)::int8 \
+             FROM (SELECT pg_stat_get_live_tuples(relid) AS live, \
+                          pg_stat_get_dead_tuples(relid) AS dead \
+                   FROM (SELECT $1::text::regclass AS relid \
+                         UNION SELECT relid FROM pg_partition_tree($1::text::regclass)) AS tree) \
+                  AS counts",
             &[&table.quoted()],
         )
         .map_err(|error| classify_on_table(&error, "reading the dead-tuple ratio", table))?;
