@@ -218,6 +218,18 @@ pub(crate) fn connect(
     )
 }
 
+/// A relay session's start-up alone, as `connect` opens one (TLS as the
+/// URL's sslmode asks, the relay's settings in the startup packet) but
+/// with no signal to end the wait: the benchmark times the start-up of the
+/// sessions a run over many databases opens with it (bench/many.rs).
+pub fn start_up(
+    info: &ConnInfo,
+    connect_timeout: std::time::Duration,
+    idle_limit: std::time::Duration,
+) -> Result<Client> {
+    database::connect(&relay_plans(info), connect_timeout, idle_limit, None)
+}
+
 fn prepare(client: &mut Client, database: &Database, relay: &Relay) -> Result<Outbox> {
     Outbox::prepare(
         client,
