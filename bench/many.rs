@@ -8,7 +8,9 @@
 //!   databases (`--databases`), against one database's empty run and 20
 //!   sequential single-database runs. Goal: at most 3x one database's run
 //!   plus the sessions' own start-up (the other databases' connects, timed
-//!   here from the bench).
+//!   here from the bench as the relay opens them: TLS where the URL's
+//!   sslmode negotiates it, which a plain connect leaves out; the plain
+//!   figure is printed beside it).
 //! - `fairness`: one outbox with BENCH_FAIR_BIG (100,000) events and 99
 //!   with 10 each, `--drain`: the worst small outbox's delay (from the
 //!   run's start to its last batch's claim) and whether every small outbox
