@@ -710,7 +710,12 @@ pub fn url_in_database(url: &str, dbname: &str) -> String {
         other => panic!("the bench needs a TCP database host, not {other:?}"),
     };
     let port = config.get_ports()[0];
-    format!("postgresql://{user}{password}@{host}:{port}/{dbname}")
+    // The query (sslmode, options) goes with it, so that a bench run with
+    // BENCH_DATABASE_URL=...?sslmode=disable reaches every database that way.
+    let query = url
+        .split_once('?')
+        .map_or(String::new(), |(_, query)| format!("?{query}"));
+    format!("postgresql://{user}{password}@{host}:{port}/{dbname}{query}")
 }
 
 pub static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
