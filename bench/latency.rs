@@ -31,6 +31,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -266,6 +267,58 @@ pub fn producer(spec: &str) {
     }
 }
 
+/// How late a wake of the pause watcher must be to count as a pause.
+const PAUSE: f64 = 5.0;
+
+/// A thread of the bench's own that sleeps a millisecond at a time while
+/// a line runs, and records each wake more than PAUSE ms late: when it
+/// woke (epoch_ns) and how late (ms). The consumer runs in this process,
+/// so a pause of the machine (every core busy, or taken by the host)
+/// delays its receipts as much as any relay would; a slowest event whose
+/// way overlaps one is told apart on stderr.
+struct Pauses {
+    done: Arc<AtomicBool>,
+    thread: thread::JoinHandle<Vec<(u64, f64)>>,
+}
+
+impl Pauses {
+    fn watch() -> Pauses {
+        let done = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let done = Arc::clone(&done);
+            thread::spawn(move || {
+                let mut pauses = Vec::new();
+                while !done.load(Ordering::Relaxed) {
+                    let asleep = Instant::now();
+                    thread::sleep(Duration::from_millis(1));
+                    let late = asleep.elapsed().as_secs_f64() * 1000.0 - 1.0;
+                    if late > PAUSE {
+                        pauses.push((epoch_ns(), late));
+                    }
+                }
+                pauses
+            })
+        };
+        Pauses { done, thread }
+    }
+
+    fn end(self) -> Vec<(u64, f64)> {
+        self.done.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+/// The CPU time the host took from this machine (steal, all CPUs), in
+/// clock ticks, from /proc/stat; 0 where it is not counted.
+fn stolen_ticks() -> u64 {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu = text.lines().next().unwrap_or_default();
+    cpu.split_whitespace()
+        .nth(8)
+        .and_then(|steal| steal.parse().ok())
+        .unwrap_or(0)
+}
+
 fn load() -> String {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     text.split(' ').next().unwrap_or("?").to_string()
@@ -306,7 +359,13 @@ fn await_arrivals(lane: &Lane, commits: &Commits) {
 /// One line of the latency table. Where the slowest events committed is
 /// told apart: the first second of a stream (which met a follow quiet for
 /// QUIET_BEFORE) or later.
-fn latency_line(name: &str, rate: u64, seconds: u64, lane: &Lane, commits: &Commits) -> String {
+fn latency_line(
+    name: &str,
+    (rate, seconds): (u64, u64),
+    lane: &Lane,
+    commits: &Commits,
+    pauses: &[(u64, f64)],
+) -> String {
     let (timed, lost) = latencies(lane, commits);
     check(
         lost > 0,
@@ -355,8 +414,28 @@ fn latency_line(name: &str, rate: u64, seconds: u64, lane: &Lane, commits: &Comm
     };
     let achieved = (commits.len() - 1).max(1) as f64 / span;
     let (max, max_at) = slowest.unwrap_or((f64::NAN, f64::NAN));
+    // The slowest event's way, from its commit to its receipt, and the
+    // bench's pauses within it.
+    let first = commits.first().map_or(0, |(_, at)| *at);
+    let committed = first + (max_at * 1e9) as u64;
+    let received = committed + (max * 1e6) as u64;
+    let within: Vec<String> = pauses
+        .iter()
+        .filter(|(woke, late)| *woke >= committed && woke - (late * 1e6) as u64 <= received)
+        .map(|(_, late)| format!("{late:.1}"))
+        .collect();
+    eprintln!(
+        "bench:   {name} at {rate}/s: the bench's pauses over {PAUSE} ms: {} in all, {} within the slowest event's way{}",
+        pauses.len(),
+        within.len(),
+        match within.is_empty() {
+            true => String::new(),
+            false => format!(" ({} ms)", within.join(", ")),
+        }
+    );
+    let paused = pauses.iter().map(|(_, late)| *late).fold(0.0, f64::max);
     format!(
-        "| {name:<34} | {rate:>6} | {achieved:>8.0} | {:>9.1} | {:>9.1} | {max:>9.1} | {max_at:>8.1} | {lost:>4} | {:>5} |",
+        "| {name:<34} | {rate:>6} | {achieved:>8.0} | {:>9.1} | {:>9.1} | {max:>9.1} | {max_at:>8.1} | {lost:>4} | {paused:>7.1} | {:>5} |",
         at(0.5),
         at(0.99),
         load()
@@ -547,14 +626,23 @@ pub fn latency(fx: &mut Fixture) -> Vec<String> {
     let polled = Lane::new(fx, "latency_poll", false);
     let mut lines = vec![
         format!(
-            "latency, INSERT returned to receipt, {seconds} s at each rate (one event per transaction; max at: s into the stream):"
+            "latency, INSERT returned to receipt, {seconds} s at each rate (one event per transaction; max at: s into the stream; pause: the longest the bench's own 1 ms sleeps overslept, ms):"
         ),
         format!(
-            "| {:<34} | {:>6} | {:>8} | {:>9} | {:>9} | {:>9} | {:>8} | {:>4} | {:>5} |",
-            "relay", "rate/s", "achieved", "p50 ms", "p99 ms", "max ms", "max at", "lost", "load"
+            "| {:<34} | {:>6} | {:>8} | {:>9} | {:>9} | {:>9} | {:>8} | {:>4} | {:>7} | {:>5} |",
+            "relay",
+            "rate/s",
+            "achieved",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "max at",
+            "lost",
+            "pause",
+            "load"
         ),
         format!(
-            "|{}|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "|{}|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             "-".repeat(36)
         ),
     ];
@@ -567,8 +655,13 @@ pub fn latency(fx: &mut Fixture) -> Vec<String> {
             ("--drain every 10 s (cron)", &polled, cron),
         ];
         for (name, lane, run) in runs {
+            let (pauses, stolen) = (Pauses::watch(), stolen_ticks());
             let commits = run(fx, lane, rate, seconds);
-            let line = latency_line(name, rate, seconds, lane, &commits);
+            let (pauses, stolen) = (pauses.end(), stolen_ticks() - stolen);
+            eprintln!(
+                "bench:   {name} at {rate}/s: CPU time the host took (steal): {stolen} ticks"
+            );
+            let line = latency_line(name, (rate, seconds), lane, &commits, &pauses);
             eprintln!("bench: {line}");
             lines.push(line);
         }
