@@ -763,3 +763,15 @@ pub fn header() {
         "-".repeat(60)
     );
 }
+
+/// The median of `millis`; of an even count, the mean of the two middle
+/// values (bench/many.rs's start-up loops take turns at going first, and
+/// the upper middle value alone would be a slow first-place run of each).
+pub fn median(mut millis: Vec<f64>) -> f64 {
+    millis.sort_by(f64::total_cmp);
+    let half = millis.len() / 2;
+    match millis.len() % 2 {
+        0 => (millis[half - 1] + millis[half]) / 2.0,
+        _ => millis[half],
+    }
+}

@@ -309,7 +309,8 @@ impl Pauses {
 }
 
 /// The CPU time the host took from this machine (steal, all CPUs), in
-/// clock ticks, from /proc/stat; 0 where it is not counted.
+/// clock ticks of 10 ms (as `cpu_ms` counts them), from /proc/stat; 0
+/// where it is not counted.
 fn stolen_ticks() -> u64 {
     let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let cpu = text.lines().next().unwrap_or_default();
@@ -358,7 +359,8 @@ fn await_arrivals(lane: &Lane, commits: &Commits) {
 
 /// One line of the latency table. Where the slowest events committed is
 /// told apart: the first second of a stream (which met a follow quiet for
-/// QUIET_BEFORE) or later.
+/// QUIET_BEFORE) or later; and whether the bench itself paused (`pauses`,
+/// see Pauses) within the slowest event's way.
 fn latency_line(
     name: &str,
     (rate, seconds): (u64, u64),
@@ -414,26 +416,37 @@ fn latency_line(
     };
     let achieved = (commits.len() - 1).max(1) as f64 / span;
     let (max, max_at) = slowest.unwrap_or((f64::NAN, f64::NAN));
-    // The slowest event's way, from its commit to its receipt, and the
-    // bench's pauses within it.
+    // The bench's pauses while the stream ran (from the first commit to
+    // the last receipt: not the line's set-up), and those within the
+    // slowest event's way, from its commit to its receipt.
     let first = commits.first().map_or(0, |(_, at)| *at);
-    let committed = first + (max_at * 1e9) as u64;
-    let received = committed + (max * 1e6) as u64;
-    let within: Vec<String> = pauses
-        .iter()
-        .filter(|(woke, late)| *woke >= committed && woke - (late * 1e6) as u64 <= received)
-        .map(|(_, late)| format!("{late:.1}"))
-        .collect();
-    eprintln!(
-        "bench:   {name} at {rate}/s: the bench's pauses over {PAUSE} ms: {} in all, {} within the slowest event's way{}",
-        pauses.len(),
-        within.len(),
-        match within.is_empty() {
-            true => String::new(),
-            false => format!(" ({} ms)", within.join(", ")),
+    let last = lane.received.lock().unwrap().values().copied().max();
+    let overlapping = |from: u64, to: u64| {
+        pauses
+            .iter()
+            .filter(move |(woke, late)| *woke >= from && woke - (late * 1e6) as u64 <= to)
+            .map(|(_, late)| *late)
+    };
+    let streamed: Vec<f64> = overlapping(first, last.unwrap_or(first)).collect();
+    let within = match slowest {
+        Some((max, max_at)) => {
+            let committed = first + (max_at * 1e9) as u64;
+            let received = committed + (max * 1e6) as u64;
+            let found: Vec<String> = overlapping(committed, received)
+                .map(|late| format!("{late:.1}"))
+                .collect();
+            match found.is_empty() {
+                true => "none within the slowest event's way".to_string(),
+                false => format!("within the slowest event's way: {} ms", found.join(", ")),
+            }
         }
+        None => "no event arrived".to_string(),
+    };
+    eprintln!(
+        "bench:   {name} at {rate}/s: the bench's pauses over {PAUSE} ms while the stream ran: {}; {within}",
+        streamed.len()
     );
-    let paused = pauses.iter().map(|(_, late)| *late).fold(0.0, f64::max);
+    let paused = streamed.iter().copied().fold(0.0, f64::max);
     format!(
         "| {name:<34} | {rate:>6} | {achieved:>8.0} | {:>9.1} | {:>9.1} | {max:>9.1} | {max_at:>8.1} | {lost:>4} | {paused:>7.1} | {:>5} |",
         at(0.5),
@@ -626,7 +639,7 @@ pub fn latency(fx: &mut Fixture) -> Vec<String> {
     let polled = Lane::new(fx, "latency_poll", false);
     let mut lines = vec![
         format!(
-            "latency, INSERT returned to receipt, {seconds} s at each rate (one event per transaction; max at: s into the stream; pause: the longest the bench's own 1 ms sleeps overslept, ms):"
+            "latency, INSERT returned to receipt, {seconds} s at each rate (one event per transaction; max at: s into the stream; pause: the longest the bench's own 1 ms sleeps overslept while the stream ran, ms, 0 for none over 5 ms):"
         ),
         format!(
             "| {:<34} | {:>6} | {:>8} | {:>9} | {:>9} | {:>9} | {:>8} | {:>4} | {:>7} | {:>5} |",
@@ -657,9 +670,10 @@ pub fn latency(fx: &mut Fixture) -> Vec<String> {
         for (name, lane, run) in runs {
             let (pauses, stolen) = (Pauses::watch(), stolen_ticks());
             let commits = run(fx, lane, rate, seconds);
-            let (pauses, stolen) = (pauses.end(), stolen_ticks() - stolen);
+            let (pauses, stolen) = (pauses.end(), stolen_ticks().saturating_sub(stolen));
             eprintln!(
-                "bench:   {name} at {rate}/s: CPU time the host took (steal): {stolen} ticks"
+                "bench:   {name} at {rate}/s: CPU time the host took (steal): {} ms",
+                stolen * 10
             );
             let line = latency_line(name, (rate, seconds), lane, &commits, &pauses);
             eprintln!("bench: {line}");

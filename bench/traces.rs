@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::Instant;
 
-use crate::common::{Fixture, binary, check, env_or, load_average};
+use crate::common::{Fixture, binary, check, env_or, load_average, median};
 
 /// A collector that takes every request and keeps only their sizes.
 struct Sink {
@@ -172,9 +172,4 @@ fn empty_run(fx: &mut Fixture, env: &[(String, String)]) -> f64 {
     fx.env.clear();
     check(!status.success(), "the empty run failed");
     millis
-}
-
-fn median(mut millis: Vec<f64>) -> f64 {
-    millis.sort_by(f64::total_cmp);
-    millis[millis.len() / 2]
 }

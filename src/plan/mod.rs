@@ -466,8 +466,8 @@ fn read_catalog(
 }
 
 /// The catalog lookup of `--table`'s list, in parts (see read_catalog):
-/// the names first (in the order given), then what the patterns match;
-/// the fourth column: whether the table has no page at all; the fifth,
+/// the rows of the names and those of what the patterns match, in order
+/// of schema and name, names not found first; the fourth column: whether the table has no page at all; the fifth,
 /// for a listed name, the schema it would be created in. A table with
 /// none holds no row, not even one a transaction still in progress wrote
 /// (its insert extends the file first), so it has no due event: its claim
@@ -495,7 +495,7 @@ const NAMES_SQL: &str = "\
 const ORDER_SQL: &str = "ORDER BY 1 NULLS FIRST, 2";
 
 /// Which of `tables` have a due event, those `empty` has no page asked
-/// nothing (see PATTERNS_SQL).
+/// nothing (the lookup's fourth column, see PATTERNS_SQL and NAMES_SQL).
 fn due_unless_empty(
     client: &mut Client,
     tables: &[TableName],
