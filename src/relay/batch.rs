@@ -1,7 +1,13 @@
-//! One batch: one transaction from claim to commit, in two halves. `open`
-//! claims and hands the events to the broker; `settle` awaits the
-//! confirms, marks and commits. A drain may open the next batch, on a
-//! session of its own, before it settles this one.
+//! One batch: one transaction from claim to commit. `open` claims and
+//! hands the events to the broker; `answer` awaits the confirms; `commit`
+//! marks and commits (on the committer's thread, for a plain drain);
+//! `account` counts the batch. A drain may open the next batch, on a
+//! session of its own, before this one is answered.
+//!
+//! An outage ends a batch like any other outcome: what was confirmed is
+//! marked and committed, and the events with no answer are left exactly
+//! as they were (no attempt counted: the broker failing is not their
+//! fault).
 
 use std::time::{Instant, SystemTime};
 
@@ -198,23 +204,6 @@ fn claim_and_send(
         expired,
         trace,
     }))
-}
-
-/// Awaits the batch's confirms, marks what the broker said and commits.
-///
-/// An outage ends the batch like any other outcome: what was confirmed is
-/// marked and committed, and the events with no answer are left exactly as
-/// they were (no attempt counted: the broker failing is not their fault).
-pub(crate) fn settle(
-    session: &mut Session,
-    batch: InFlight,
-    broker: &mut Broker,
-    totals: &mut Totals,
-    traces: Option<&Traces>,
-) -> Result<()> {
-    let (told, marks) = answer(batch, broker);
-    let committed = commit(session, &marks);
-    account(told, marks, committed, totals, traces)
 }
 
 /// A batch the broker has answered: the events sent and the batch's

@@ -6,10 +6,11 @@
 //! outbox per turn and at most one in flight per outbox, so one outbox's
 //! backlog delays another's events by one batch per busy outbox at most.
 //! The batches are those of a single outbox's run (`batch::open`,
-//! `batch::settle`), on sessions pooled per database under
-//! --max-connections, which keep each table's statements prepared for its
-//! next turn. One broker connection serves them all, opened by the first
-//! batch that claims events.
+//! `answer`, `commit`; a plain drain's commits on the committer's thread),
+//! on sessions pooled per database under --max-connections, which keep
+//! each table's statements prepared for its next turn. One broker
+//! connection serves them all, opened by the first batch that claims
+//! events.
 //!
 //! An outbox whose database is down, whose table is broken or whose
 //! events fail ends alone, with its own result and one line on stderr;
@@ -31,9 +32,10 @@ use crate::guard::stop::Stop;
 use crate::guard::watchdog::{self, Watchdog};
 use crate::plan::{self, Plan, Planned, Selection};
 use crate::relay::CLOSE_BUDGET;
-use crate::relay::batch::{self, Ended, InFlight, Opened};
+use crate::relay::batch::{self, Ended, InFlight, Marks, Opened, Told};
+use crate::relay::committer::Committer;
 use crate::relay::drain::{Claims, batch_budget};
-use crate::relay::session::{self, Session};
+use crate::relay::session::{self, Session, Uncommitted};
 use crate::relay::wake::{LOOK_EVERY, Tables, Wake};
 use crate::report::metrics;
 use crate::report::stderr;
@@ -394,17 +396,33 @@ struct Turns<'a> {
 /// The batches in flight, oldest first: the lane, its session, the batch.
 type Flight = VecDeque<(usize, Session, InFlight)>;
 
+/// The batch the committer is committing: its lane, and what the run
+/// counts once the commit is over.
+type Committing = (usize, Told);
+
 impl Turns<'_> {
     /// Batches from the outboxes of `ring` in turn until none has a due
     /// event, a limit is reached, a signal comes or the broker fails.
+    ///
+    /// A plain drain commits each batch on the committer's thread while it
+    /// awaits the next batch's confirms, as a single outbox's drain does
+    /// (relay::committer): at the default batch of 100 the commits were
+    /// the turns' largest cost on this thread. The ordered modes commit
+    /// here, their next claim must see the batch before it committed.
     fn drain(&mut self, lanes: &mut [Lane], mut ring: VecDeque<usize>) {
         let mut flight = Flight::new();
+        let mut committer = self.relay.commits_apart().then(Committer::default);
+        let mut committing: Option<Committing> = None;
         // Each batch in flight holds a session; the relay's own bound on
         // batches in flight (see config::in_flight) holds here too.
         let most = self.relay.in_flight.min(self.pool.limit).max(1);
         loop {
-            while flight.len() < most && self.may_open(flight.len()) {
-                let room = self.relay.batch_bytes - bytes(&flight);
+            // The batch that commits still holds its session and its
+            // events' bytes, and counts for --max-batches.
+            let held = committing.as_ref().map_or(0, |(_, told)| told.bytes());
+            let opened = |flight: &Flight| flight.len() + usize::from(committing.is_some());
+            while flight.len() < most && self.may_open(opened(&flight)) {
+                let room = self.relay.batch_bytes - held - bytes(&flight);
                 if room <= 0 {
                     break;
                 }
@@ -416,23 +434,63 @@ impl Turns<'_> {
                 }
             }
             let Some((at, mut session, batch)) = flight.pop_front() else {
-                return;
+                // Nothing in flight: the drain is over, or its next batch
+                // waits for the session of the batch that commits.
+                let Some(last) = committing.take() else {
+                    return;
+                };
+                self.committed(lanes, committer.as_mut(), last);
+                continue;
             };
             self.arm();
-            let lane = &mut lanes[at];
-            lane.in_flight = false;
-            let settled = batch::settle(
-                &mut session,
-                batch,
-                self.broker,
-                &mut lane.totals,
-                self.traces,
-            );
-            self.pool.put(lane.planned.server, session);
-            if let Err(error) = settled {
-                self.fail(lane, error);
+            lanes[at].in_flight = false;
+            let (told, marks) = batch::answer(batch, self.broker);
+            // The batch before this one is counted first.
+            if let Some(previous) = committing.take() {
+                self.committed(lanes, committer.as_mut(), previous);
+            }
+            match committer.as_mut() {
+                // A batch the broker failed is committed here: it halts
+                // the run's new batches.
+                Some(committer) if !marks.outage() => {
+                    committer.commit(session, marks);
+                    committing = Some((at, told));
+                }
+                _ => {
+                    let committed = batch::commit(&mut session, &marks);
+                    self.settled(&mut lanes[at], session, (told, marks, committed));
+                }
             }
             *self.totals = sum(lanes);
+        }
+    }
+
+    /// Waits for the committer's batch and counts it.
+    fn committed(
+        &mut self,
+        lanes: &mut [Lane],
+        committer: Option<&mut Committer>,
+        (at, told): Committing,
+    ) {
+        let committer = committer.expect("a batch commits on the committer's thread");
+        self.arm();
+        let (session, marks, committed) = committer.wait();
+        self.settled(&mut lanes[at], session, (told, marks, committed));
+        *self.totals = sum(lanes);
+    }
+
+    /// A batch whose commit is over: its session back in the pool, the
+    /// batch counted on its lane (see batch::account), a failure the lane's.
+    fn settled(
+        &mut self,
+        lane: &mut Lane,
+        session: Session,
+        (told, marks, committed): (Told, Marks, Result<(), Uncommitted>),
+    ) {
+        self.pool.put(lane.planned.server, session);
+        let counted = batch::account(told, marks, committed, &mut lane.totals, self.traces);
+        if let Err(error) = counted {
+            self.fail(lane, error);
         }
     }
 
