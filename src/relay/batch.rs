@@ -266,7 +266,7 @@ pub(crate) fn answer(batch: InFlight, broker: &mut Broker) -> (Told, Marks) {
 /// Marks what the broker said and commits, in the batch's transaction on
 /// its own session; a transaction that could not commit is rolled back.
 /// It touches nothing of the run's, so it may run on a thread of its own
-/// (see relay::drain).
+/// (see relay::committer).
 pub(crate) fn commit(session: &mut Session, marks: &Marks) -> Result<(), Uncommitted> {
     if let Err(error) = session.mark(&marks.outcome, &marks.expired) {
         session.roll_back();

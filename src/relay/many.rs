@@ -6,11 +6,11 @@
 //! outbox per turn and at most one in flight per outbox, so one outbox's
 //! backlog delays another's events by one batch per busy outbox at most.
 //! The batches are those of a single outbox's run (`batch::open`,
-//! `answer`, `commit`; a plain drain's commits on the committer's thread),
-//! on sessions pooled per database under --max-connections, which keep
-//! each table's statements prepared for its next turn. One broker
-//! connection serves them all, opened by the first batch that claims
-//! events.
+//! `answer`, `commit`, `account`; a plain drain commits on the
+//! committer's thread), on sessions pooled per database under
+//! --max-connections, which keep each table's statements prepared for
+//! its next turn. One broker connection serves them all, opened by the
+//! first batch that claims events.
 //!
 //! An outbox whose database is down, whose table is broken or whose
 //! events fail ends alone, with its own result and one line on stderr;
@@ -79,7 +79,8 @@ impl Conn {
 }
 
 /// The run's PostgreSQL sessions, per database, at most --max-connections
-/// in all (idle ones here, the others with their batches in flight).
+/// in all (idle ones here, the others with their batches in flight or
+/// with the committer).
 struct Pool {
     idle: Vec<(usize, Conn)>,
     open: usize,
@@ -101,7 +102,7 @@ impl Pool {
     /// A session serving `lane`'s table: one of its database's idle
     /// sessions, or a new one within the limit (closing an idle session of
     /// another database if it must). None: every session has a batch in
-    /// flight; settle one first.
+    /// flight or committing; settle one first.
     fn get(
         &mut self,
         selection: &Selection,
@@ -408,7 +409,7 @@ impl Turns<'_> {
     /// awaits the next batch's confirms, as a single outbox's drain does
     /// (relay::committer): at the default batch of 100 the commits were
     /// the turns' largest cost on this thread. The ordered modes commit
-    /// here, their next claim must see the batch before it committed.
+    /// here: their next claim must see the batch committed.
     fn drain(&mut self, lanes: &mut [Lane], mut ring: VecDeque<usize>) {
         let mut flight = Flight::new();
         let mut committer = self.relay.commits_apart().then(Committer::default);
@@ -496,7 +497,7 @@ impl Turns<'_> {
 
     /// Opens the next batch of lane `at` (taken off the ring). False when
     /// no session was free: the lane goes back to the front of the ring
-    /// and a batch in flight must settle first.
+    /// and a batch in flight, or the committing one, must settle first.
     fn open_on(
         &mut self,
         lanes: &mut [Lane],
