@@ -467,13 +467,14 @@ fn read_catalog(
 
 /// The catalog lookup of `--table`'s list, in parts (see read_catalog):
 /// the rows of the names and those of what the patterns match, in order
-/// of schema and name, names not found first; the fourth column: whether the table has no page at all; the fifth,
-/// for a listed name, the schema it would be created in. A table with
-/// none holds no row, not even one a transaction still in progress wrote
-/// (its insert extends the file first), so it has no due event: its claim
-/// is not asked. pg_relation_size takes and releases each table's lock
-/// in turn, so a thousand tables never crowd the lock table. A
-/// partitioned table has no pages of its own: never counted as empty.
+/// of schema and name, names not found first; the fourth column: whether
+/// the table has no page at all; the fifth, for a listed name, the schema
+/// it would be created in. A table with no page holds no row, not even
+/// one a transaction still in progress wrote (its insert extends the file
+/// first), so it has no due event: its claim is not asked.
+/// pg_relation_size takes and releases each table's lock in turn, so a
+/// thousand tables never crowd the lock table. A partitioned table has no
+/// pages of its own: never counted as empty.
 const PATTERNS_SQL: &str = "\
     SELECT n.nspname::text, c.relname::text, NULL::text, \
            c.relkind = 'r' AND pg_relation_size(c.oid) = 0, NULL::text FROM pg_class c \

@@ -441,6 +441,7 @@ impl Turns<'_> {
                     return;
                 };
                 self.committed(lanes, committer.as_mut(), last);
+                *self.totals = sum(lanes);
                 continue;
             };
             self.arm();
@@ -477,7 +478,6 @@ impl Turns<'_> {
         self.arm();
         let (session, marks, committed) = committer.wait();
         self.settled(&mut lanes[at], session, (told, marks, committed));
-        *self.totals = sum(lanes);
     }
 
     /// A batch whose commit is over: its session back in the pool, the
